@@ -1,0 +1,325 @@
+/*
+ * kittykv.h -- a 2-bit paged KV cache with channel-wise precision boost (Kitty),
+ * the KIVI baselines, fused attention over the quantized pages, and a small
+ * inference engine for GGUF Llama-family models.
+ *
+ * Tutorial
+ * --------
+ * A cache holds the keys and values of many sequences for every layer and KV head
+ * of one model shape, quantized by one method. Pages of G tokens come from a pool
+ * whose byte budget is fixed when the cache is created.
+ *
+ *     kkv_method m;
+ *     kkv_method_from_name(&m, "kitty");              // S=32 G=128 R=128 alpha=1/8
+ *     kkv_cache_config cfg = {
+ *         .n_layers = 1, .n_kv_heads = 1, .head_dim = 64,
+ *         .pool_bytes = 64u << 20, .method = m,
+ *     };
+ *     kkv_cache *c;
+ *     if (kkv_cache_create(&c, &cfg) != KKV_OK) puts(kkv_last_error());
+ *     int seq;
+ *     kkv_seq_add(c, &seq);
+ *     for (int t = 0; t < n; t++) {
+ *         kkv_append(c, seq, 0, k[t], v[t]);          // post-RoPE key, value (fp32)
+ *         kkv_attend(c, out, seq, 0, q[t], n_q);      // fused decode attention
+ *         kkv_flush(c, seq, 0);                       // quantize a full page, if any
+ *     }
+ *     kkv_mem mem; kkv_seq_mem(c, seq, &mem);         // exact bytes, by component
+ *     kkv_seq_free(c, seq);
+ *     kkv_cache_free(c);
+ *
+ * With a model, kkv_model_forward() does all of the above for every layer.
+ *
+ * Conventions
+ * -----------
+ * - Every function that can fail returns kkv_status; on failure it changes no
+ *   state that the caller can observe, and kkv_last_error() holds a one-line
+ *   message (thread-local, valid until the next failing call on that thread).
+ * - The library never prints and never exits.
+ * - Output arguments come first. Every create or load function has a free, and
+ *   free(NULL) is a no-op.
+ * - Buffers are described by shape comments: [rows][cols], row-major, fp32 unless
+ *   said otherwise.
+ * - Non-finite input (NaN, +-Inf) in keys, values or queries is rejected with
+ *   KKV_ERR_NONFINITE and nothing is stored. Finite values beyond the fp16 range
+ *   are clamped to +-65504 when they are stored in fp16.
+ * - Determinism: the same inputs give bit-identical outputs whatever the thread
+ *   count and however a prompt is split into chunks.
+ */
+#ifndef KITTYKV_H
+#define KITTYKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KKV_VERSION_MAJOR 0
+#define KKV_VERSION_MINOR 1
+#define KKV_VERSION_PATCH 0
+/* Version of the on-disk/in-test page format of spec section 5. */
+#define KKV_PAGE_FORMAT_VERSION 1
+
+#define KKV_MAX_HEAD_DIM 256
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum kkv_status {
+    KKV_OK              = 0,
+    KKV_ERR_INVALID_ARG = 1,  /* a parameter is out of range or inconsistent  */
+    KKV_ERR_NOMEM       = 2,  /* malloc failed                                */
+    KKV_ERR_POOL_FULL   = 3,  /* the page pool cannot take another page      */
+    KKV_ERR_IO          = 4,  /* a file could not be opened/read/mapped       */
+    KKV_ERR_FORMAT      = 5,  /* a file is malformed or truncated             */
+    KKV_ERR_UNSUPPORTED = 6,  /* valid input this build does not handle       */
+    KKV_ERR_NONFINITE   = 7,  /* NaN or Inf in keys, values or queries        */
+    KKV_ERR_NOT_FOUND   = 8,  /* no such sequence, tensor, key or file        */
+    KKV_ERR_CTX_FULL    = 9,  /* the sequence would exceed its context limit  */
+} kkv_status;
+
+/* A constant English name for a status ("ok", "pool full", ...). Never NULL. */
+const char *kkv_status_str(kkv_status s);
+
+/* The message of the last failure on this thread (never NULL, may be ""). */
+const char *kkv_last_error(void);
+
+/* ---------------------------------------------------------------- methods */
+
+/* How the boosted key channels of a page are chosen (spec section 4). */
+typedef enum kkv_select {
+    KKV_SELECT_MAGNITUDE = 0, /* top mean |k| over the page (Kitty default)      */
+    KKV_SELECT_VARIANCE  = 1, /* top variance over the page (MLX adaptation)     */
+    KKV_SELECT_RANDOM    = 2, /* seeded; depends on (seed, layer, head, page)    */
+    KKV_SELECT_EXPLICIT  = 3, /* a fixed ranking per (layer, head) given with
+                                 kkv_cache_set_rank(); "oracle" analyses use it  */
+} kkv_select;
+
+/* A quantization method. Keys: per channel in groups of `group` tokens, 2 bits,
+ * round(alpha*D) channels per page boosted to 4 bits (alpha = 1: 4-bit keys).
+ * Values: per token, value_bits bits. fp16 = 1 stores every token in fp16. */
+typedef struct kkv_method {
+    int        fp16;       /* 1: no quantization (reference and memory baseline)  */
+    int        sink;       /* S: first tokens kept fp16, keys and values           */
+    int        group;      /* G: page size in tokens, multiple of 4, 4..4096       */
+    int        window;     /* R: recent values kept fp16                           */
+    float      alpha;      /* boost fraction of key channels, in [0, 1]            */
+    int        value_bits; /* 2 or 4                                               */
+    kkv_select select;
+    uint64_t   seed;       /* for KKV_SELECT_RANDOM                                */
+} kkv_method;
+
+/* Fills *out with the named method: "fp16", "kivi-k2v2", "kivi-k2v2s",
+ * "kivi-k4v2s", "kivi-k2v4s", "kivi-k4v4", "kitty", "kitty-pro".
+ * KKV_ERR_NOT_FOUND for any other name. */
+kkv_status kkv_method_from_name(kkv_method *out, const char *name);
+
+/* The names above, NULL-terminated, in a fixed order (fp16 first). */
+const char *const *kkv_method_names(void);
+
+/* Checks a method against a head dimension; KKV_ERR_INVALID_ARG with a message
+ * saying which field is wrong. head_dim must be a multiple of 4 in 4..256. */
+kkv_status kkv_method_check(const kkv_method *m, int head_dim);
+
+/* Number of boosted key channels: round(alpha * head_dim), 0..head_dim. */
+int kkv_method_boost(const kkv_method *m, int head_dim);
+
+/* ---------------------------------------------------------------- page format */
+/* The page format of spec section 5, for tools, tests and save/load.
+ * Key page, bytes in this order:
+ *   lo    [D][G/4]        2-bit codes, low bits, token t at bits 2*(t%4)
+ *   hi    [n_boost][G/4]  high 2 bits of boosted channels, row r = rank r
+ *   idx   [D]             row of channel j in hi, or n_boost if not boosted
+ *   scale [D] fp16, mn [D] fp16   (little-endian IEEE half)
+ * Value page (bits = 2 or 4):
+ *   codes [G][D*bits/8]   channel c at bits bits*(c % (8/bits))
+ *   scale [G] fp16, mn [G] fp16
+ */
+size_t kkv_key_page_bytes(int head_dim, int group, int n_boost);
+size_t kkv_value_page_bytes(int head_dim, int group, int bits);
+
+/* Quantizes G keys of one head into one key page.
+ * dst: kkv_key_page_bytes() bytes. k: [G][D]. rank: [D] channel ranking, used
+ * only with KKV_SELECT_EXPLICIT (rank[0] = most important channel), else NULL.
+ * `page` and `seed` seed KKV_SELECT_RANDOM. Keys are first rounded to fp16. */
+kkv_status kkv_key_page_encode(void *dst, const float *k, int head_dim, int group,
+                               int n_boost, kkv_select sel, uint64_t seed,
+                               uint64_t page, const uint8_t *rank);
+/* out: [G][D], the keys as attention sees them. */
+kkv_status kkv_key_page_decode(float *out, const void *src, int head_dim, int group,
+                               int n_boost);
+/* Quantizes G values of one head. dst: kkv_value_page_bytes(). v: [G][D]. */
+kkv_status kkv_value_page_encode(void *dst, const float *v, int head_dim, int group,
+                                 int bits);
+/* out: [G][D]. */
+kkv_status kkv_value_page_decode(float *out, const void *src, int head_dim, int group,
+                                 int bits);
+
+/* ---------------------------------------------------------------- cache */
+
+typedef struct kkv_cache kkv_cache;
+
+typedef struct kkv_cache_config {
+    int        n_layers;   /* >= 1                                              */
+    int        n_kv_heads; /* >= 1                                              */
+    int        head_dim;   /* multiple of 4, 4..256                             */
+    size_t     pool_bytes; /* budget for pages and per-sequence fp16 staging     */
+    int        max_seqs;   /* 0: 256                                            */
+    int        max_tokens; /* per sequence; 0: unlimited                        */
+    int        n_threads;  /* attention worker threads; 0 or 1: caller's thread */
+    kkv_method method;
+} kkv_cache_config;
+
+/* Creates an empty cache. The pool's memory is reserved, not touched. */
+kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg);
+void       kkv_cache_free(kkv_cache *c);
+/* The configuration the cache was created with. */
+const kkv_cache_config *kkv_cache_get_config(const kkv_cache *c);
+
+/* Adds an empty sequence; *seq gets its id. Its fp16 staging area (sink,
+ * key Q-buffer, value window + Q-buffer for every layer and head) is taken
+ * from the pool budget: KKV_ERR_POOL_FULL if it does not fit. */
+kkv_status kkv_seq_add(kkv_cache *c, int *seq);
+/* Frees a sequence and returns its pages and staging to the pool. */
+kkv_status kkv_seq_free(kkv_cache *c, int seq);
+/* Tokens appended to layer `layer` of the sequence (-1 if no such sequence). */
+int        kkv_seq_len(const kkv_cache *c, int seq, int layer);
+
+/* Makes sure the pages that appending n_tokens more tokens to every layer will
+ * need are allocated now; all or nothing. KKV_ERR_POOL_FULL leaves the cache
+ * exactly as it was. kkv_append() also allocates on demand. */
+kkv_status kkv_seq_reserve(kkv_cache *c, int seq, int n_tokens);
+
+/* Appends one token's key and value for one layer, all KV heads.
+ * k, v: [n_kv_heads][head_dim]; k is post-RoPE. */
+kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const float *v);
+
+/* Quantizes any full key Q-buffer / value Q-buffer of (seq, layer) into pages.
+ * Call after kkv_attend() of the step (spec section 6). */
+kkv_status kkv_flush(kkv_cache *c, int seq, int layer);
+
+/* Decode attention of n_q query heads over everything cached for (seq, layer):
+ * softmax(q . k / sqrt(D)) v, fused, reading pages directly.
+ * out: [n_q][D], q: [n_q][D]. n_q must be a multiple of n_kv_heads; query head h
+ * uses KV head h / (n_q / n_kv_heads). */
+kkv_status kkv_attend(kkv_cache *c, float *out, int seq, int layer, const float *q,
+                      int n_q);
+
+/* Sets the channel ranking for KKV_SELECT_EXPLICIT. rank: [D], a permutation of
+ * 0..D-1, most important first. */
+kkv_status kkv_cache_set_rank(kkv_cache *c, int layer, int head, const uint8_t *rank);
+
+/* Reads back the keys and values of (seq, layer, head) exactly as attention sees
+ * them (fp16 parts widened, pages dequantized). k, v: [n][D] with
+ * n = kkv_seq_len(); either may be NULL. For tests and analysis tools. */
+kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int layer,
+                        int head);
+
+/* Copies the key page `page` of (seq, layer, head) in the format above. */
+kkv_status kkv_seq_key_page(const kkv_cache *c, void *dst, size_t dst_bytes, int seq,
+                            int layer, int head, int page);
+
+/* ---------------------------------------------------------------- kernels */
+
+typedef enum kkv_kernel {
+    KKV_KERNEL_AUTO   = 0, /* best the CPU supports                 */
+    KKV_KERNEL_SCALAR = 1, /* the reference                         */
+    KKV_KERNEL_AVX2   = 2, /* AVX2 + FMA + F16C                     */
+    KKV_KERNEL_AVX512 = 3, /* AVX-512 F/BW/VL (+VNNI where present) */
+} kkv_kernel;
+
+/* Selects the attention/flush kernels of a cache; KKV_ERR_UNSUPPORTED if this
+ * CPU or build lacks them. */
+kkv_status kkv_cache_set_kernel(kkv_cache *c, kkv_kernel k);
+/* The kernel a cache uses now (never AUTO), and its name. */
+kkv_kernel kkv_cache_get_kernel(const kkv_cache *c);
+const char *kkv_kernel_name(kkv_kernel k);
+/* Best kernel this CPU and build support. */
+kkv_kernel kkv_kernel_best(void);
+
+/* ---------------------------------------------------------------- accounting */
+
+/* Bytes actually stored, by component. No estimates. */
+typedef struct kkv_mem {
+    uint64_t key_lo;      /* key pages: low 2-bit plane                         */
+    uint64_t key_hi;      /* key pages: high 2-bit plane of boosted channels     */
+    uint64_t key_idx;     /* key pages: boost index                             */
+    uint64_t key_meta;    /* key pages: fp16 scale + min                        */
+    uint64_t value_codes; /* value pages: codes                                 */
+    uint64_t value_meta;  /* value pages: fp16 scale + min                      */
+    uint64_t fp16;        /* fp16 tokens held: sink, Q-buffers, window (and all
+                             pages of the fp16 method)                          */
+    uint64_t total;       /* sum of the above                                   */
+    uint64_t capacity;    /* bytes allocated from the pool (pages + staging)    */
+    uint64_t tokens;      /* tokens held, summed over sequences (per layer)     */
+    double   bits_per_element; /* 8*total / (2 * tokens * layers * kv_heads * D) */
+} kkv_mem;
+
+kkv_status kkv_seq_mem(const kkv_cache *c, kkv_mem *out, int seq);
+/* The whole pool: every sequence, and capacity = the pool budget. */
+kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out);
+/* Bytes the pool still has free. */
+uint64_t   kkv_cache_free_bytes(const kkv_cache *c);
+
+/* ---------------------------------------------------------------- model */
+
+typedef struct kkv_model kkv_model;
+
+typedef struct kkv_model_info {
+    char  arch[32];      /* general.architecture, e.g. "llama"       */
+    char  name[128];     /* general.name, may be ""                  */
+    int   n_layers;
+    int   n_embd;
+    int   n_heads;
+    int   n_kv_heads;
+    int   head_dim;
+    int   n_ff;
+    int   n_vocab;
+    int   n_ctx_train;
+    float rope_theta;
+    float rms_eps;
+    int   bos;           /* token ids, -1 if none */
+    int   eos;
+    int   eot;           /* end of turn (<|im_end|>), -1 if none */
+    uint64_t weight_bytes;
+} kkv_model_info;
+
+/* Loads a GGUF model (mmap). n_threads: threads for matmuls (0: all cores).
+ * KKV_ERR_IO (not found/unreadable), KKV_ERR_FORMAT (malformed GGUF),
+ * KKV_ERR_UNSUPPORTED (architecture or tensor type). */
+kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads);
+void       kkv_model_free(kkv_model *m);
+void       kkv_model_get_info(const kkv_model *m, kkv_model_info *out);
+/* A cache config with the model's shape, the method and the budget. */
+kkv_cache_config kkv_model_cache_config(const kkv_model *m, const kkv_method *method,
+                                        size_t pool_bytes);
+
+/* Runs n tokens of one sequence through the model, appending their K/V to
+ * every layer of the cache (each token attends to the cache as stored, exactly
+ * as n single-token calls would). logits: [n][n_vocab] if all_logits, else
+ * [n_vocab] for the last token; may be NULL. Before touching the cache it
+ * reserves every page the n tokens need: KKV_ERR_POOL_FULL leaves it as it was. */
+kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
+                             const int32_t *tokens, int n, int all_logits);
+
+/* One decode step for a ragged batch: token tokens[i] is appended to sequence
+ * seqs[i] (all distinct). logits: [n][n_vocab]. All or nothing for the pool. */
+kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
+                                  const int *seqs, const int32_t *tokens, int n);
+
+/* Tokenizes UTF-8 text (byte-level BPE from the GGUF vocabulary).
+ * add_bos: prepend BOS when the model has one and wants it. special: parse
+ * special-token text such as "<|im_start|>" into their ids.
+ * tokens: [cap]; *n_out gets the count; KKV_ERR_INVALID_ARG if cap is too small
+ * (*n_out then holds the count needed). */
+kkv_status kkv_tokenize(const kkv_model *m, int32_t *tokens, int cap, int *n_out,
+                        const char *text, size_t len, int add_bos, int special);
+/* The raw bytes of one token (not NUL-terminated): buf [cap]; *n_out = length. */
+kkv_status kkv_token_piece(const kkv_model *m, char *buf, size_t cap, size_t *n_out,
+                           int32_t token);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KITTYKV_H */

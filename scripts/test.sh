@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The test command: set-up (idempotent), then every build configuration CI
+# checks, each with its tests:
+#   1. Release (gcc, -Werror): all CTest tests, oracles included
+#   2. ASan + UBSan (gcc): all unit tests and the quantizer oracle
+#   3. clang -Werror build; libFuzzer on the GGUF parser for a short run
+#   4. CUDA backend compiled with nvcc (no GPU needed), when nvcc exists
+# Usage: scripts/test.sh [--quick]   (--quick: Release build and tests only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+JOBS=${JOBS:-2}
+FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+PY="$ROOT/.venv/bin/python"
+export KKV_REQUIRE_MODEL=${KKV_REQUIRE_MODEL:-1}
+export KKV_REQUIRE_ORACLE=${KKV_REQUIRE_ORACLE:-1}
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "set-up"
+bash scripts/setup.sh
+
+step "Release build (gcc) and all tests"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKKV_PYTHON="$PY" >/dev/null
+cmake --build build -j"$JOBS"
+ctest --test-dir build --output-on-failure -j"$JOBS"
+
+[ "${1:-}" = "--quick" ] && exit 0
+
+step "ASan + UBSan build and unit tests"
+cmake -S . -B build-san -DCMAKE_BUILD_TYPE=Debug -DKKV_SANITIZE=ON -DKKV_PYTHON="$PY" >/dev/null
+cmake --build build-san -j"$JOBS"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-san --output-on-failure -j"$JOBS" -L unit
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-san --output-on-failure -R oracle_test_quant
+
+if command -v clang >/dev/null; then
+  step "clang -Werror build + libFuzzer (GGUF parser, ${FUZZ_SECONDS}s)"
+  CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Release -DKKV_FUZZ=ON >/dev/null
+  cmake --build build-clang -j"$JOBS"
+  if [ -x build-clang/tests/fuzz_gguf ]; then
+    mkdir -p build-clang/corpus
+    build-clang/tests/fuzz_gguf -max_total_time="$FUZZ_SECONDS" -max_len=65536 \
+      build-clang/corpus tests/fuzz/corpus_gguf 2>&1 | tail -n 3
+  fi
+fi
+
+if command -v nvcc >/dev/null; then
+  step "CUDA backend (compile only: no GPU here)"
+  cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DKKV_CUDA=ON \
+    -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" >/dev/null
+  cmake --build build-cuda -j"$JOBS" --target kittykv_cuda
+fi
+
+step "all configurations passed"

@@ -1,0 +1,184 @@
+/* Fused decode attention over the cache: one pass with online softmax over
+ * [sink | pages | tail], per KV head serving all query heads of its group.
+ *
+ * Work is cut into units that depend only on the sequence's length (the sink,
+ * PAGES_PER_UNIT pages at a time, the tail); each (head, unit) is a task that
+ * yields a partial softmax state, and partials merge in unit order. The result
+ * is therefore bit-identical for any thread count. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/cache.h"
+#include "core/status.h"
+
+#define PAGES_PER_UNIT 8
+
+/* One run of at most G tokens whose keys and values each sit in one place. */
+typedef struct block {
+    int             n;
+    const uint16_t *k16;   /* [n][D] fp16 keys, or NULL */
+    const uint8_t  *kpage; /* quantized key page (n == G), or NULL */
+    const uint16_t *v16;   /* [n][D] fp16 values, or NULL */
+    const uint8_t  *vpage; /* quantized value page (n == G), or NULL */
+} block;
+
+typedef struct unit {
+    int kind;  /* 0 sink, 1 pages, 2 tail */
+    int first; /* sink: first token; pages: first page */
+    int count; /* tokens (sink/tail) or pages */
+} unit;
+
+typedef struct job {
+    kkv_cache      *c;
+    const kkv_seq  *s;
+    int             layer, n_rep, n_units;
+    kkv_counts      cnt;
+    const unit     *units;  /* [n_units] */
+    const float    *q;      /* [H][n_rep][D] */
+    float          *acc;    /* [H][n_units][n_rep][D] partial outputs */
+    float          *ml;     /* [H][n_units][n_rep][2] partial max and sum */
+    float          *scores; /* [H][n_units][n_rep][G] scratch */
+} job;
+
+/* Online-softmax update of one block into the partial state of n_rep query
+ * heads: acc [n_rep][D], ml [n_rep][2] (running max, running sum). */
+static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, const float *q,
+                         int n_rep, const block *b) {
+    const kkv_ops *ops = c->ops;
+    int D = c->D, n = b->n;
+    if (b->kpage) ops->qk_page(sc, q, n_rep, b->kpage, D, c->G, c->nb);
+    else ops->qk_f16(sc, q, n_rep, b->k16, n, D);
+    float inv = 1.0f / sqrtf((float)D);
+    for (int r = 0; r < n_rep; r++) {
+        float *a = acc + (size_t)r * D, *m = ml + 2 * r, *l = m + 1;
+        float *s = sc + (size_t)r * n;
+        float mx = *m;
+        for (int t = 0; t < n; t++) {
+            s[t] *= inv;
+            mx = s[t] > mx ? s[t] : mx;
+        }
+        float corr = expf(*m - mx); /* 0 on the first block, where *m = -inf */
+        float sum = 0.0f;
+        for (int t = 0; t < n; t++) {
+            s[t] = expf(s[t] - mx);
+            sum += s[t];
+        }
+        for (int j = 0; j < D; j++) a[j] *= corr;
+        *l = *l * corr + sum;
+        *m = mx;
+    }
+    /* sc now holds the unnormalised probabilities, [n_rep][n] */
+    if (b->vpage) ops->pv_page(acc, sc, n_rep, b->vpage, D, c->G, c->vbits);
+    else ops->pv_f16(acc, sc, n_rep, b->v16, n, D);
+}
+
+/* fp16 values of token `tok` (after the sink) that are not yet in a page. */
+static const uint16_t *vtail_row(const kkv_cache *c, const uint16_t *st, const kkv_counts *n,
+                                 int tok) {
+    int i = tok - n->sink - n->vp * c->G;
+    return st + kkv_off_vtail(c) + (size_t)i * c->D;
+}
+
+static void run_task(void *arg, int task) {
+    job *J = arg;
+    const kkv_cache *c = J->c;
+    int h = task / J->n_units, u = task % J->n_units, D = c->D, G = c->G;
+    const unit *U = &J->units[u];
+    const kkv_counts *n = &J->cnt;
+    const uint16_t *st = kkv_stage(c, J->s, J->layer, h);
+    const float *q = J->q + (size_t)h * J->n_rep * D;
+    size_t tu = (size_t)h * J->n_units + u;
+    float *acc = J->acc + tu * J->n_rep * D;
+    float *ml = J->ml + tu * J->n_rep * 2;
+    float *sc = J->scores + tu * J->n_rep * G;
+    memset(acc, 0, (size_t)J->n_rep * D * sizeof *acc);
+    for (int r = 0; r < J->n_rep; r++) {
+        ml[2 * r] = -INFINITY;
+        ml[2 * r + 1] = 0.0f;
+    }
+    block b;
+    if (U->kind == 0) { /* sink, in runs of at most G */
+        for (int t = U->first; t < U->first + U->count; t += G) {
+            b.n = U->first + U->count - t < G ? U->first + U->count - t : G;
+            b.k16 = st + kkv_off_sink_k(c) + (size_t)t * D;
+            b.v16 = st + kkv_off_sink_v(c) + (size_t)t * D;
+            b.kpage = b.vpage = NULL;
+            attend_block(c, acc, ml, sc, q, J->n_rep, &b);
+        }
+    } else if (U->kind == 1) {
+        for (int p = U->first; p < U->first + U->count; p++) {
+            const uint8_t *kp = kkv_kpage_ptr(c, J->s, p, J->layer, h);
+            b.n = G;
+            b.k16 = c->fp16 ? (const uint16_t *)(const void *)kp : NULL;
+            b.kpage = c->fp16 ? NULL : kp;
+            b.v16 = NULL;
+            b.vpage = NULL;
+            if (p < n->vp) {
+                const uint8_t *vp = kkv_vpage_ptr(c, J->s, p, J->layer, h);
+                if (c->fp16) b.v16 = (const uint16_t *)(const void *)vp;
+                else b.vpage = vp;
+            } else {
+                b.v16 = vtail_row(c, st, n, n->sink + p * G);
+            }
+            attend_block(c, acc, ml, sc, q, J->n_rep, &b);
+        }
+    } else { /* key Q-buffer; its values are in the value tail */
+        b.n = U->count;
+        b.k16 = st + kkv_off_ktail(c);
+        b.kpage = NULL;
+        b.v16 = vtail_row(c, st, n, n->sink + n->kp * G);
+        b.vpage = NULL;
+        attend_block(c, acc, ml, sc, q, J->n_rep, &b);
+    }
+}
+
+kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *s, int layer,
+                           const float *q, int n_q) {
+    kkv_counts n = kkv_counts_of(c, s, layer);
+    int D = c->D, n_rep = n_q / c->H;
+    /* units: sink, page groups, tail */
+    int max_units = 2 + (n.kp + PAGES_PER_UNIT - 1) / PAGES_PER_UNIT;
+    unit stack_units[64];
+    unit *units = max_units <= 64 ? stack_units : malloc((size_t)max_units * sizeof *units);
+    if (!units) return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory");
+    int nu = 0;
+    if (n.sink) units[nu++] = (unit){0, 0, n.sink};
+    for (int p = 0; p < n.kp; p += PAGES_PER_UNIT)
+        units[nu++] = (unit){1, p, n.kp - p < PAGES_PER_UNIT ? n.kp - p : PAGES_PER_UNIT};
+    if (n.ktail) units[nu++] = (unit){2, 0, n.ktail};
+
+    size_t acc_n = (size_t)c->H * nu * n_rep * D, ml_n = (size_t)c->H * nu * n_rep * 2;
+    size_t sc_n = (size_t)c->H * nu * n_rep * c->G;
+    float *buf = malloc((acc_n + ml_n + sc_n) * sizeof *buf);
+    if (!buf) {
+        if (units != stack_units) free(units);
+        return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory");
+    }
+    job J = {c, s, layer, n_rep, nu, n, units, q, buf, buf + acc_n, buf + acc_n + ml_n};
+    kkv_tp_run(c->tp, c->H * nu, run_task, &J);
+
+    /* merge partials in unit order */
+    for (int h = 0; h < c->H; h++) {
+        for (int r = 0; r < n_rep; r++) {
+            float *o = out + ((size_t)h * n_rep + r) * D;
+            float m = -INFINITY, l = 0.0f;
+            for (int j = 0; j < D; j++) o[j] = 0.0f;
+            for (int u = 0; u < nu; u++) {
+                size_t i = ((size_t)h * nu + u) * n_rep + r;
+                const float *p = J.acc + i * D;
+                float pm = J.ml[2 * i], pl = J.ml[2 * i + 1];
+                float mx = pm > m ? pm : m;
+                float a = expf(m - mx), b = expf(pm - mx);
+                for (int j = 0; j < D; j++) o[j] = o[j] * a + p[j] * b;
+                l = l * a + pl * b;
+                m = mx;
+            }
+            float inv = 1.0f / l;
+            for (int j = 0; j < D; j++) o[j] *= inv;
+        }
+    }
+    free(buf);
+    if (units != stack_units) free(units);
+    return KKV_OK;
+}

@@ -1,0 +1,82 @@
+/* The named methods of spec section 2 and parameter validation. */
+#include <math.h>
+#include <string.h>
+
+#include "core/status.h"
+
+typedef struct {
+    const char *name;
+    int fp16, sink, value_bits;
+    float alpha;
+} named_method;
+
+/* KIVI methods are the Kitty lifecycle with no boost (alpha 0: 2-bit keys,
+ * alpha 1: 4-bit keys); S = 32 for the starred ('s') variants. */
+static const named_method methods[] = {
+    {"fp16", 1, 0, 2, 0.0f},
+    {"kivi-k2v2", 0, 0, 2, 0.0f},
+    {"kivi-k2v2s", 0, 32, 2, 0.0f},
+    {"kivi-k4v2s", 0, 32, 2, 1.0f},
+    {"kivi-k2v4s", 0, 32, 4, 0.0f},
+    {"kivi-k4v4", 0, 0, 4, 1.0f},
+    {"kitty", 0, 32, 2, 0.125f},
+    {"kitty-pro", 0, 32, 2, 0.25f},
+};
+#define N_METHODS (sizeof methods / sizeof methods[0])
+
+static const char *const names[N_METHODS + 1] = {
+    "fp16", "kivi-k2v2", "kivi-k2v2s", "kivi-k4v2s", "kivi-k2v4s",
+    "kivi-k4v4", "kitty", "kitty-pro", NULL,
+};
+
+const char *const *kkv_method_names(void) { return names; }
+
+kkv_status kkv_method_from_name(kkv_method *out, const char *name) {
+    for (size_t i = 0; i < N_METHODS; i++) {
+        if (!name || strcmp(name, methods[i].name)) continue;
+        const named_method *m = &methods[i];
+        memset(out, 0, sizeof *out);
+        out->fp16 = m->fp16;
+        /* fp16 keeps whole fp16 pages: no sink or window is needed */
+        out->sink = m->fp16 ? 0 : m->sink;
+        out->group = 128;
+        out->window = m->fp16 ? 0 : 128;
+        out->alpha = m->alpha;
+        out->value_bits = m->value_bits;
+        out->select = KKV_SELECT_MAGNITUDE;
+        out->seed = 0;
+        return KKV_OK;
+    }
+    return kkv_fail(KKV_ERR_NOT_FOUND,
+                    "unknown method '%s' (fp16, kivi-k2v2, kivi-k2v2s, kivi-k4v2s, "
+                    "kivi-k2v4s, kivi-k4v4, kitty, kitty-pro)",
+                    name ? name : "(null)");
+}
+
+int kkv_method_boost(const kkv_method *m, int head_dim) {
+    if (m->fp16 || !(m->alpha > 0.0f)) return 0;
+    if (m->alpha >= 1.0f) return head_dim;
+    return (int)lround((double)m->alpha * head_dim);
+}
+
+kkv_status kkv_method_check(const kkv_method *m, int head_dim) {
+    if (!m) return kkv_fail(KKV_ERR_INVALID_ARG, "method is NULL");
+    if (head_dim < 4 || head_dim > KKV_MAX_HEAD_DIM || head_dim % 4)
+        return kkv_fail(KKV_ERR_INVALID_ARG,
+                        "head_dim %d is not supported: it must be a multiple of 4 in 4..%d",
+                        head_dim, KKV_MAX_HEAD_DIM);
+    if (m->group < 4 || m->group > 4096 || m->group % 4)
+        return kkv_fail(KKV_ERR_INVALID_ARG,
+                        "group (page size) %d must be a multiple of 4 in 4..4096", m->group);
+    if (m->sink < 0 || m->sink > (1 << 20))
+        return kkv_fail(KKV_ERR_INVALID_ARG, "sink %d must be in 0..1048576", m->sink);
+    if (m->window < 0 || m->window > (1 << 20))
+        return kkv_fail(KKV_ERR_INVALID_ARG, "window %d must be in 0..1048576", m->window);
+    if (!(m->alpha >= 0.0f && m->alpha <= 1.0f))
+        return kkv_fail(KKV_ERR_INVALID_ARG, "alpha %g must be in [0, 1]", (double)m->alpha);
+    if (m->value_bits != 2 && m->value_bits != 4)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "value_bits %d must be 2 or 4", m->value_bits);
+    if ((unsigned)m->select > KKV_SELECT_EXPLICIT)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "unknown channel selection %d", (int)m->select);
+    return KKV_OK;
+}

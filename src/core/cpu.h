@@ -1,0 +1,14 @@
+/* Runtime CPU feature detection for kernel dispatch. */
+#ifndef KKV_CORE_CPU_H
+#define KKV_CORE_CPU_H
+
+typedef struct kkv_cpu {
+    int avx2;   /* AVX2 + FMA + F16C                  */
+    int avx512; /* AVX-512 F + BW + VL + DQ            */
+    int vnni;   /* AVX-512 VNNI                       */
+} kkv_cpu;
+
+/* Features of this CPU that this build can use; computed once. */
+const kkv_cpu *kkv_cpu_get(void);
+
+#endif

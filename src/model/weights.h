@@ -1,0 +1,113 @@
+/* Weight types (the ggml block formats) and the matmul on them. Weights stay
+ * in their quantized blocks; rows are dequantized/dotted on the fly. */
+#ifndef KKV_MODEL_WEIGHTS_H
+#define KKV_MODEL_WEIGHTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/threads.h"
+#include "kittykv.h"
+
+/* ggml type ids this build can compute with. */
+enum {
+    KKV_WT_F32 = 0, KKV_WT_F16 = 1, KKV_WT_Q4_0 = 2, KKV_WT_Q4_1 = 3,
+    KKV_WT_Q8_0 = 8, KKV_WT_Q6_K = 14,
+};
+
+/* A 2-D weight matrix in the mapping: rows x cols, row-major, type blocks. */
+typedef struct kkv_weight {
+    uint32_t    type;
+    int64_t     rows;      /* output features */
+    int64_t     cols;      /* input features (ne[0]) */
+    size_t      row_bytes;
+    const void *data;      /* [rows][row_bytes] */
+} kkv_weight;
+
+/* 1 if type is one of the above. */
+int    kkv_wt_supported(uint32_t type);
+/* Elements per block and bytes per block of a ggml type (0 if unknown: also
+ * covers types the reader must size but we cannot compute with). */
+int    kkv_wt_block_elems(uint32_t type);
+size_t kkv_wt_block_bytes(uint32_t type);
+const char *kkv_wt_name(uint32_t type);
+
+/* out: [cols] = row `row` of w as fp32. */
+void kkv_wt_dequant_row(float *out, const kkv_weight *w, int64_t row);
+
+/* out: [n][rows] = x @ w^T, x: [n][cols]. Threads split rows; each output
+ * element is computed the same way whatever n or the thread count. */
+void kkv_matmul(kkv_tp *tp, float *out, const kkv_weight *w, const float *x, int n);
+
+/* ---- additions (declarations above are frozen) ---- */
+
+/* Bytes of one row of `cols` elements of a ggml type, in *out. KKV_ERR_UNSUPPORTED
+ * for an unknown type, KKV_ERR_FORMAT if cols <= 0 or not a whole number of
+ * blocks, or the size overflows. */
+kkv_status kkv_wt_row_size(size_t *out, uint32_t type, int64_t cols);
+
+/* Builds a weight view of a 2-D tensor (rows = ne[1], cols = ne[0]); a 1-D
+ * tensor is one row. The view borrows t->data. KKV_ERR_UNSUPPORTED if the type
+ * cannot be computed with, KKV_ERR_FORMAT if the tensor has more than two
+ * non-unit dimensions or its byte size does not match. */
+struct kkv_gguf_tensor;
+kkv_status kkv_weight_from_tensor(kkv_weight *out, const struct kkv_gguf_tensor *t);
+
+/* Which kernels kkv_matmul_ex uses. AUTO picks the best this CPU runs. */
+typedef enum kkv_wt_impl {
+    KKV_WT_IMPL_AUTO = 0, KKV_WT_IMPL_SCALAR = 1, KKV_WT_IMPL_AVX2 = 2,
+} kkv_wt_impl;
+
+/* kkv_matmul with an explicit kernel choice and error reporting.
+ * out: [n][rows], x: [n][cols]. KKV_ERR_UNSUPPORTED if impl cannot run on this
+ * CPU/build or w->type is not computable, KKV_ERR_INVALID_ARG for an
+ * inconsistent w (cols not a whole number of blocks, row_bytes wrong) or n < 0,
+ * KKV_ERR_NOMEM if the activation scratch cannot be allocated (out unchanged).
+ *
+ * Arithmetic (the scalar kernels are the reference definition):
+ *  - F32/F16: the fp32 dot product of the row and x.
+ *  - Q4_0/Q4_1/Q8_0/Q6_K: x is first quantized to kkv_q8x blocks of 32
+ *    (see kkv_q8x_quantize); each block contributes (d_w * d_x) * sumi, with
+ *    sumi the exact integer dot product of the quants (Q6_K: sub-block scales
+ *    folded in); Q4_1 adds m_w * s_x per block.
+ *  The scalar kernels add the block terms in order; the AVX2 kernels keep 8
+ *  fp32 lanes and add them at the end, so AVX2 and scalar agree to within
+ *  about 1e-6 * sum|terms| (tests hold them to 2e-5 relative to sum|terms|).
+ *  Within one impl each output depends only on (its row, its x vector): not
+ *  on n, the thread count, or where the row falls in a task. */
+kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const float *x,
+                         int n, kkv_wt_impl impl);
+
+/* One activation block: 32 values as d * q. s = d * (sum of q) (for Q4_1's
+ * offset term), isum = sum of q. 48 bytes so q stays 16-byte aligned. */
+typedef struct kkv_q8x {
+    float   d;
+    float   s;
+    int32_t isum;
+    int32_t pad_;
+    int8_t  q[32];
+} kkv_q8x;
+
+/* dst: [cols/32] blocks = x [cols] quantized with round-to-nearest-even of
+ * x / d, d = max|x| / 127 (d = 0 for an all-zero block; a non-finite block
+ * gets d = NaN so the result propagates it). cols must be a multiple of 32. */
+void kkv_q8x_quantize(kkv_q8x *dst, const float *x, int64_t cols);
+
+/* Internal kernel table (one per impl): dot products of one weight row with
+ * nx <= KKV_WT_NX activation vectors. res[j] = row . x_j. */
+#define KKV_WT_NX 4
+typedef struct kkv_wt_kernels {
+    /* quantized types: xq[j] points to [cols/32] blocks */
+    void (*dot_q)(float *res, uint32_t type, const void *row, int64_t cols,
+                  const kkv_q8x *const *xq, int nx);
+    /* F32/F16: xf[j] points to [cols] floats */
+    void (*dot_f)(float *res, uint32_t type, const void *row, int64_t cols,
+                  const float *const *xf, int nx);
+} kkv_wt_kernels;
+
+extern const kkv_wt_kernels kkv_wt_kernels_scalar;
+#if defined(__x86_64__) || defined(__i386__)
+extern const kkv_wt_kernels kkv_wt_kernels_avx2;
+#endif
+
+#endif

@@ -1,0 +1,74 @@
+/* Group quantization and the page codecs of spec sections 3-5 (scalar
+ * reference). Pages are byte arrays in the public format of kittykv.h; the
+ * offsets below locate each part. */
+#ifndef KKV_QUANT_QUANT_H
+#define KKV_QUANT_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kittykv.h"
+
+/* Where the parts of a key page start, in bytes from the page start. */
+typedef struct kkv_key_layout {
+    size_t lo;    /* [D][G/4]  */
+    size_t hi;    /* [nb][G/4] */
+    size_t idx;   /* [D]       */
+    size_t scale; /* [D] fp16  */
+    size_t mn;    /* [D] fp16  */
+    size_t bytes; /* whole page */
+} kkv_key_layout;
+
+typedef struct kkv_value_layout {
+    size_t codes; /* [G][D*bits/8] */
+    size_t scale; /* [G] fp16      */
+    size_t mn;    /* [G] fp16      */
+    size_t bytes;
+} kkv_value_layout;
+
+kkv_key_layout   kkv_key_layout_of(int D, int G, int nb);
+kkv_value_layout kkv_value_layout_of(int D, int G, int bits);
+
+/* Min/max quantization parameters of a group, per spec section 3: the fp16
+ * scale and min, and the fp32 values they widen to. */
+typedef struct kkv_qparams {
+    uint16_t scale16, mn16;
+    float    scale, mn; /* widened stored values */
+} kkv_qparams;
+
+kkv_qparams kkv_qparams_of(float mn, float mx, int bits);
+
+/* The code of x: clamp(floor((x - mn) / scale + 0.5), 0, 2^bits - 1), or 0 when
+ * scale is 0. x must be finite. */
+static inline uint8_t kkv_quant_code(float x, const kkv_qparams *p, int maxq) {
+    if (p->scale == 0.0f) return 0;
+    float y = (x - p->mn) / p->scale + 0.5f;
+    /* clamp in float first: converting an out-of-range float to int is UB */
+    if (!(y >= 0.0f)) return 0;
+    if (y >= (float)maxq) return (uint8_t)maxq;
+    return (uint8_t)(int)y; /* y >= 0: truncation is floor */
+}
+
+/* Channel ranking for boost selection. order: [D] out, channels from most to
+ * least important. k: [G][D] (fp16-exact floats). Ties go to the lower index. */
+void kkv_rank_channels(uint8_t *order, const float *k, int D, int G, kkv_select sel,
+                       uint64_t seed, uint64_t page, const uint8_t *explicit_rank);
+
+/* A 64-bit mix of a few words (splitmix64 finaliser), for seeded selection. */
+uint64_t kkv_mix64(uint64_t a, uint64_t b);
+
+/* Scalar page codecs. k, v: [G][D] fp16-exact floats (already rounded). */
+void kkv_key_encode_ref(uint8_t *page, const float *k, int D, int G, int nb,
+                        const uint8_t *order);
+void kkv_key_decode_ref(float *k, const uint8_t *page, int D, int G, int nb);
+void kkv_value_encode_ref(uint8_t *page, const float *v, int D, int G, int bits);
+void kkv_value_decode_ref(float *v, const uint8_t *page, int D, int G, int bits);
+
+/* Little-endian fp16 load/store at any alignment. */
+static inline uint16_t kkv_ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline void kkv_st16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+#endif
