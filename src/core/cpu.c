@@ -1,26 +1,55 @@
+/* Runtime CPU feature detection from cpuid and xgetbv: a feature counts only
+ * when the CPU has it and the OS saves the registers it needs. */
 #include "core/cpu.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* KKV_CPU=scalar|avx2 caps the detected level, so one machine can exercise
- * every dispatch path (used by tests and benchmarks). */
-const kkv_cpu *kkv_cpu_get(void) {
-    static kkv_cpu cpu;
-    static int done;
-    if (done) return &cpu;
 #if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    cpu.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
-    cpu.avx512 = cpu.avx2 && __builtin_cpu_supports("avx512f") &&
-                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                 __builtin_cpu_supports("avx512dq");
-    cpu.vnni = cpu.avx512 && __builtin_cpu_supports("avx512vnni");
+#include <cpuid.h>
+
+static unsigned long long xgetbv0(void) {
+    unsigned int lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
+
+static void detect(kkv_cpu *cpu) {
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return;
+    unsigned long long xcr0 = xgetbv0();
+    int ymm_ok = (xcr0 & 0x6) == 0x6;     /* SSE + AVX state */
+    int zmm_ok = (xcr0 & 0xe6) == 0xe6;   /* + opmask, ZMM_Hi256, Hi16_ZMM */
+    if (!ymm_ok || __get_cpuid_max(0, NULL) < 7) return;
+    __cpuid_count(7, 0, a, b, c, d);
+    int avx2 = (b >> 5) & 1;
+    int avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1, avx512bw = (b >> 30) & 1,
+        avx512vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
+    cpu->avx2 = avx2 && fma && f16c;
+    cpu->avx512 = cpu->avx2 && zmm_ok && avx512f && avx512dq && avx512bw && avx512vl;
+    cpu->vnni = cpu->avx512 && vnni;
+}
+#else
+static void detect(kkv_cpu *cpu) { (void)cpu; }
 #endif
+
+static kkv_cpu cpu_features;
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+
+/* KKV_CPU=scalar|avx2 caps the detected level, so one machine can exercise
+ * every dispatch path (tests and benchmarks use it). */
+static void init(void) {
+    detect(&cpu_features);
     const char *cap = getenv("KKV_CPU");
-    if (cap && strcmp(cap, "scalar") == 0) cpu.avx2 = cpu.avx512 = cpu.vnni = 0;
-    if (cap && strcmp(cap, "avx2") == 0) cpu.avx512 = cpu.vnni = 0;
-    done = 1;
-    return &cpu;
+    if (cap && strcmp(cap, "scalar") == 0)
+        cpu_features.avx2 = cpu_features.avx512 = cpu_features.vnni = 0;
+    if (cap && strcmp(cap, "avx2") == 0) cpu_features.avx512 = cpu_features.vnni = 0;
+}
+
+const kkv_cpu *kkv_cpu_get(void) {
+    pthread_once(&cpu_once, init);
+    return &cpu_features;
 }

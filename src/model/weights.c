@@ -1,0 +1,458 @@
+/* ggml weight formats: block sizes, dequantization, the scalar (reference)
+ * dot kernels and the threaded matmul driver. The SIMD kernels live in
+ * weights_avx2.c and must follow the arithmetic defined here. */
+#include "model/weights.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cpu.h"
+#include "core/fp16.h"
+#include "core/status.h"
+#include "model/gguf.h"
+
+/* ---- type table ---- */
+
+typedef struct wt_info {
+    const char *name;
+    int         elems; /* per block */
+    int         bytes; /* per block */
+} wt_info;
+
+/* Indexed by ggml type id; zero entries are ids ggml retired or never used.
+ * Q8_1 is 36 bytes (fp16 d and s) as in current ggml; 40 was the size when d
+ * and s were fp32. */
+static const wt_info WT_INFO[] = {
+    [0] = {"F32", 1, 4},       [1] = {"F16", 1, 2},
+    [2] = {"Q4_0", 32, 18},    [3] = {"Q4_1", 32, 20},
+    [6] = {"Q5_0", 32, 22},    [7] = {"Q5_1", 32, 24},
+    [8] = {"Q8_0", 32, 34},    [9] = {"Q8_1", 32, 36},
+    [10] = {"Q2_K", 256, 84},  [11] = {"Q3_K", 256, 110},
+    [12] = {"Q4_K", 256, 144}, [13] = {"Q5_K", 256, 176},
+    [14] = {"Q6_K", 256, 210}, [15] = {"Q8_K", 256, 292},
+    [16] = {"IQ2_XXS", 256, 66}, [17] = {"IQ2_XS", 256, 74},
+    [18] = {"IQ3_XXS", 256, 98}, [19] = {"IQ1_S", 256, 50},
+    [20] = {"IQ4_NL", 32, 18},   [21] = {"IQ3_S", 256, 110},
+    [22] = {"IQ2_S", 256, 82},   [23] = {"IQ4_XS", 256, 136},
+    [24] = {"I8", 1, 1},       [25] = {"I16", 1, 2},
+    [26] = {"I32", 1, 4},      [27] = {"I64", 1, 8},
+    [28] = {"F64", 1, 8},      [29] = {"IQ1_M", 256, 56},
+    [30] = {"BF16", 1, 2},
+    [34] = {"TQ1_0", 256, 54}, [35] = {"TQ2_0", 256, 66},
+    [39] = {"MXFP4", 32, 17},
+};
+#define WT_N_INFO (sizeof WT_INFO / sizeof WT_INFO[0])
+
+int kkv_wt_supported(uint32_t type) {
+    return type == KKV_WT_F32 || type == KKV_WT_F16 || type == KKV_WT_Q4_0 ||
+           type == KKV_WT_Q4_1 || type == KKV_WT_Q8_0 || type == KKV_WT_Q6_K;
+}
+
+int kkv_wt_block_elems(uint32_t type) {
+    return type < WT_N_INFO ? WT_INFO[type].elems : 0;
+}
+
+size_t kkv_wt_block_bytes(uint32_t type) {
+    return type < WT_N_INFO ? (size_t)WT_INFO[type].bytes : 0;
+}
+
+const char *kkv_wt_name(uint32_t type) {
+    return (type < WT_N_INFO && WT_INFO[type].name) ? WT_INFO[type].name : "unknown";
+}
+
+kkv_status kkv_wt_row_size(size_t *out, uint32_t type, int64_t cols) {
+    int be = kkv_wt_block_elems(type);
+    if (be == 0) return kkv_fail(KKV_ERR_UNSUPPORTED, "unknown ggml type %u", type);
+    if (cols <= 0 || cols % be != 0)
+        return kkv_fail(KKV_ERR_FORMAT, "row of %lld %s values is not a whole number of %d-value blocks",
+                        (long long)cols, kkv_wt_name(type), be);
+    uint64_t blocks = (uint64_t)(cols / be), bb = kkv_wt_block_bytes(type);
+    if (blocks > SIZE_MAX / bb)
+        return kkv_fail(KKV_ERR_FORMAT, "row of %lld %s values overflows size_t", (long long)cols,
+                        kkv_wt_name(type));
+    *out = (size_t)(blocks * bb);
+    return KKV_OK;
+}
+
+kkv_status kkv_weight_from_tensor(kkv_weight *out, const struct kkv_gguf_tensor *t) {
+    if (!kkv_wt_supported(t->type))
+        return kkv_fail(KKV_ERR_UNSUPPORTED, "tensor '%.*s': cannot compute with type %s (%u)",
+                        (int)(t->name.len > 200 ? 200 : t->name.len), t->name.ptr,
+                        kkv_wt_name(t->type), t->type);
+    if (t->ne[2] != 1 || t->ne[3] != 1)
+        return kkv_fail(KKV_ERR_FORMAT, "tensor '%.*s' is not 2-D (ne = %lld x %lld x %lld x %lld)",
+                        (int)(t->name.len > 200 ? 200 : t->name.len), t->name.ptr,
+                        (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                        (long long)t->ne[3]);
+    size_t rb;
+    KKV_TRY(kkv_wt_row_size(&rb, t->type, t->ne[0]));
+    if (t->ne[1] <= 0 || (uint64_t)t->ne[1] > SIZE_MAX / rb || rb * (size_t)t->ne[1] != t->nbytes)
+        return kkv_fail(KKV_ERR_FORMAT, "tensor '%.*s': byte size does not match its shape",
+                        (int)(t->name.len > 200 ? 200 : t->name.len), t->name.ptr);
+    out->type = t->type;
+    out->rows = t->ne[1];
+    out->cols = t->ne[0];
+    out->row_bytes = rb;
+    out->data = t->data;
+    return KKV_OK;
+}
+
+/* ---- little-endian field readers (blocks are unaligned in the mapping) ---- */
+
+static inline float ld_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return kkv_f16_to_f32(h);
+}
+
+/* ---- dequantization (the layouts of ggml's block_* structs) ---- */
+
+/* Q4_0: fp16 d, 16 bytes; low nibbles are values 0..15, high nibbles 16..31. */
+static void deq_q4_0(float *y, const uint8_t *b) {
+    float d = ld_f16(b);
+    const uint8_t *qs = b + 2;
+    for (int i = 0; i < 16; i++) {
+        y[i] = (float)((int)(qs[i] & 15) - 8) * d;
+        y[i + 16] = (float)((int)(qs[i] >> 4) - 8) * d;
+    }
+}
+
+/* Q4_1: fp16 d, fp16 m, 16 bytes of nibbles; value = d * q + m. */
+static void deq_q4_1(float *y, const uint8_t *b) {
+    float d = ld_f16(b), m = ld_f16(b + 2);
+    const uint8_t *qs = b + 4;
+    for (int i = 0; i < 16; i++) {
+        y[i] = (float)(qs[i] & 15) * d + m;
+        y[i + 16] = (float)(qs[i] >> 4) * d + m;
+    }
+}
+
+/* Q8_0: fp16 d, 32 int8. */
+static void deq_q8_0(float *y, const uint8_t *b) {
+    float d = ld_f16(b);
+    for (int i = 0; i < 32; i++) y[i] = (float)(int8_t)b[2 + i] * d;
+}
+
+/* The 6-bit quant (0..63) of element e (0..255) of a Q6_K block: low 4 bits
+ * from ql, high 2 bits from qh; each 128-value half uses 64 ql and 32 qh
+ * bytes, with the four 32-value quarters taking ql low/low/high/high nibbles
+ * (ql bytes 0..31, 32..63, 0..31, 32..63) and qh bit pairs 0,1,2,3. */
+static inline int q6k_quant(const uint8_t *blk, int e) {
+    int half = e >> 7, quarter = (e >> 5) & 3, l = e & 31;
+    const uint8_t *ql = blk + half * 64 + (quarter & 1) * 32;
+    const uint8_t *qh = blk + 128 + half * 32;
+    int lo = (quarter & 2) ? (ql[l] >> 4) : (ql[l] & 15);
+    int hi = (qh[l] >> (2 * quarter)) & 3;
+    return lo | (hi << 4);
+}
+
+/* Q6_K: ql[128], qh[64], int8 scales[16] (one per 16 values), fp16 d;
+ * value = d * scale * (q - 32). */
+static void deq_q6_k(float *y, const uint8_t *b) {
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = ld_f16(b + 208);
+    for (int e = 0; e < 256; e++) y[e] = d * (float)sc[e / 16] * (float)(q6k_quant(b, e) - 32);
+}
+
+void kkv_wt_dequant_row(float *out, const kkv_weight *w, int64_t row) {
+    const uint8_t *r = (const uint8_t *)w->data + (size_t)row * w->row_bytes;
+    int64_t cols = w->cols;
+    switch (w->type) {
+    case KKV_WT_F32: memcpy(out, r, (size_t)cols * 4); break;
+    case KKV_WT_F16:
+        for (int64_t i = 0; i < cols; i++) out[i] = ld_f16(r + 2 * i);
+        break;
+    case KKV_WT_Q4_0:
+        for (int64_t b = 0; b < cols / 32; b++) deq_q4_0(out + 32 * b, r + 18 * b);
+        break;
+    case KKV_WT_Q4_1:
+        for (int64_t b = 0; b < cols / 32; b++) deq_q4_1(out + 32 * b, r + 20 * b);
+        break;
+    case KKV_WT_Q8_0:
+        for (int64_t b = 0; b < cols / 32; b++) deq_q8_0(out + 32 * b, r + 34 * b);
+        break;
+    case KKV_WT_Q6_K:
+        for (int64_t b = 0; b < cols / 256; b++) deq_q6_k(out + 256 * b, r + 210 * b);
+        break;
+    default:
+        /* Unsupported types never reach here through kkv_weight_from_tensor;
+         * NaN makes a misuse visible instead of leaving garbage. */
+        for (int64_t i = 0; i < cols; i++) out[i] = NAN;
+        break;
+    }
+}
+
+/* ---- activation quantization ---- */
+
+void kkv_q8x_quantize(kkv_q8x *dst, const float *x, int64_t cols) {
+    for (int64_t b = 0; b < cols / 32; b++) {
+        const float *v = x + 32 * b;
+        kkv_q8x *o = &dst[b];
+        float amax = 0.0f;
+        int finite = 1;
+        for (int i = 0; i < 32; i++) {
+            float a = fabsf(v[i]);
+            if (!(a <= 3.4028234663852886e38f)) finite = 0; /* Inf or NaN */
+            else if (a > amax) amax = a;
+        }
+        o->pad_ = 0;
+        if (!finite) {
+            o->d = NAN;
+            o->s = NAN;
+            o->isum = 0;
+            memset(o->q, 0, 32);
+            continue;
+        }
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < 32; i++) {
+            /* |v*id| <= 127 up to one rounding; the clamp makes that certain */
+            float q = nearbyintf(v[i] * id);
+            if (q > 127.0f) q = 127.0f;
+            if (q < -127.0f) q = -127.0f;
+            o->q[i] = (int8_t)q;
+            sum += o->q[i];
+        }
+        o->d = d;
+        o->isum = sum;
+        o->s = d * (float)sum;
+    }
+}
+
+/* ---- scalar reference kernels ---- */
+
+/* Exact integer dot product of one weight block with one activation block. */
+static int32_t sdot_q4_0(const uint8_t *b, const int8_t *q) {
+    int32_t s = 0;
+    for (int i = 0; i < 16; i++)
+        s += ((b[2 + i] & 15) - 8) * q[i] + ((b[2 + i] >> 4) - 8) * q[i + 16];
+    return s;
+}
+
+static int32_t sdot_q4_1(const uint8_t *b, const int8_t *q) {
+    int32_t s = 0;
+    for (int i = 0; i < 16; i++) s += (b[4 + i] & 15) * q[i] + (b[4 + i] >> 4) * q[i + 16];
+    return s;
+}
+
+static int32_t sdot_q8_0(const uint8_t *b, const int8_t *q) {
+    int32_t s = 0;
+    for (int i = 0; i < 32; i++) s += (int8_t)b[2 + i] * q[i];
+    return s;
+}
+
+/* Activation block k (0..7) of a Q6_K super-block: two 16-value sub-blocks,
+ * each with its own int8 scale. */
+static int32_t sdot_q6_k(const uint8_t *b, int k, const int8_t *q) {
+    const int8_t *sc = (const int8_t *)(b + 192);
+    int32_t s0 = 0, s1 = 0;
+    for (int i = 0; i < 16; i++) {
+        s0 += (q6k_quant(b, 32 * k + i) - 32) * q[i];
+        s1 += (q6k_quant(b, 32 * k + 16 + i) - 32) * q[i + 16];
+    }
+    return sc[2 * k] * s0 + sc[2 * k + 1] * s1;
+}
+
+static float sdot_row_q(uint32_t type, const uint8_t *row, int64_t cols, const kkv_q8x *x) {
+    float acc = 0.0f, accm = 0.0f;
+    int64_t nb = cols / 32;
+    for (int64_t b = 0; b < nb; b++) {
+        const kkv_q8x *xb = &x[b];
+        switch (type) {
+        case KKV_WT_Q4_0: {
+            const uint8_t *wb = row + 18 * b;
+            acc += (ld_f16(wb) * xb->d) * (float)sdot_q4_0(wb, xb->q);
+            break;
+        }
+        case KKV_WT_Q4_1: {
+            const uint8_t *wb = row + 20 * b;
+            acc += (ld_f16(wb) * xb->d) * (float)sdot_q4_1(wb, xb->q);
+            accm += ld_f16(wb + 2) * xb->s;
+            break;
+        }
+        case KKV_WT_Q8_0: {
+            const uint8_t *wb = row + 34 * b;
+            acc += (ld_f16(wb) * xb->d) * (float)sdot_q8_0(wb, xb->q);
+            break;
+        }
+        case KKV_WT_Q6_K: {
+            const uint8_t *wb = row + 210 * (b / 8);
+            acc += (ld_f16(wb + 208) * xb->d) * (float)sdot_q6_k(wb, (int)(b % 8), xb->q);
+            break;
+        }
+        default: return NAN;
+        }
+    }
+    return acc + accm;
+}
+
+static void scalar_dot_q(float *res, uint32_t type, const void *row, int64_t cols,
+                         const kkv_q8x *const *xq, int nx) {
+    for (int j = 0; j < nx; j++) res[j] = sdot_row_q(type, row, cols, xq[j]);
+}
+
+static void scalar_dot_f(float *res, uint32_t type, const void *row, int64_t cols,
+                         const float *const *xf, int nx) {
+    const uint8_t *r = row;
+    for (int j = 0; j < nx; j++) {
+        float acc = 0.0f;
+        if (type == KKV_WT_F32) {
+            for (int64_t i = 0; i < cols; i++) {
+                float w;
+                memcpy(&w, r + 4 * i, 4);
+                acc += w * xf[j][i];
+            }
+        } else {
+            for (int64_t i = 0; i < cols; i++) acc += ld_f16(r + 2 * i) * xf[j][i];
+        }
+        res[j] = acc;
+    }
+}
+
+const kkv_wt_kernels kkv_wt_kernels_scalar = {scalar_dot_q, scalar_dot_f};
+
+/* ---- matmul driver ---- */
+
+typedef struct mm_ctx {
+    const kkv_wt_kernels *k;
+    const kkv_weight     *w;
+    float                *out;     /* [n][rows] */
+    const float          *x;       /* [n][cols] */
+    const kkv_q8x        *xq;      /* [n][cols/32] blocks, NULL for F32/F16 */
+    int                   n;
+    int64_t               rows_per_task;
+} mm_ctx;
+
+static int is_quant(uint32_t type) { return type != KKV_WT_F32 && type != KKV_WT_F16; }
+
+/* Rows [r0, r1) against every x vector, in tiles of MM_ROW_TILE rows: a tile
+ * of weight rows stays in L1 while groups of KKV_WT_NX x vectors stream past
+ * it, so the (larger) quantized x batch is read from L2 once per tile rather
+ * than once per row. Neither the tiling nor the grouping changes any output:
+ * the kernels compute each (row, x) pair with the same operations for any nx
+ * and any neighbours. */
+#define MM_ROW_TILE 16
+
+static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
+    const kkv_weight *w = c->w;
+    size_t nb = (size_t)(w->cols / 32);
+    for (int64_t t0 = r0; t0 < r1; t0 += MM_ROW_TILE) {
+        int64_t t1 = t0 + MM_ROW_TILE < r1 ? t0 + MM_ROW_TILE : r1;
+        for (int j0 = 0; j0 < c->n; j0 += KKV_WT_NX) {
+            int nx = c->n - j0 < KKV_WT_NX ? c->n - j0 : KKV_WT_NX;
+            const kkv_q8x *xq[KKV_WT_NX];
+            const float *xf[KKV_WT_NX];
+            for (int j = 0; j < nx; j++) {
+                xq[j] = c->xq ? c->xq + (size_t)(j0 + j) * nb : NULL;
+                xf[j] = c->x ? c->x + (size_t)(j0 + j) * (size_t)w->cols : NULL;
+            }
+            for (int64_t r = t0; r < t1; r++) {
+                const void *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+                float res[KKV_WT_NX];
+                if (c->xq) c->k->dot_q(res, w->type, row, w->cols, xq, nx);
+                else c->k->dot_f(res, w->type, row, w->cols, xf, nx);
+                for (int j = 0; j < nx; j++) c->out[(size_t)(j0 + j) * (size_t)w->rows + (size_t)r] = res[j];
+            }
+        }
+    }
+}
+
+static void mm_task(void *ctx, int task) {
+    const mm_ctx *c = ctx;
+    int64_t r0 = (int64_t)task * c->rows_per_task;
+    int64_t r1 = r0 + c->rows_per_task;
+    if (r1 > c->w->rows) r1 = c->w->rows;
+    mm_rows(c, r0, r1);
+}
+
+static const kkv_wt_kernels *pick_kernels(kkv_wt_impl impl) {
+    switch (impl) {
+    case KKV_WT_IMPL_SCALAR: return &kkv_wt_kernels_scalar;
+    case KKV_WT_IMPL_AVX2:
+#if defined(__x86_64__) || defined(__i386__)
+        return kkv_cpu_get()->avx2 ? &kkv_wt_kernels_avx2 : NULL;
+#else
+        return NULL;
+#endif
+    case KKV_WT_IMPL_AUTO:
+#if defined(__x86_64__) || defined(__i386__)
+        if (kkv_cpu_get()->avx2) return &kkv_wt_kernels_avx2;
+#endif
+        return &kkv_wt_kernels_scalar;
+    }
+    return NULL;
+}
+
+static kkv_status check_weight(const kkv_weight *w) {
+    if (!kkv_wt_supported(w->type))
+        return kkv_fail(KKV_ERR_UNSUPPORTED, "matmul: cannot compute with type %s (%u)",
+                        kkv_wt_name(w->type), w->type);
+    size_t rb;
+    if (w->rows < 0 || kkv_wt_row_size(&rb, w->type, w->cols) != KKV_OK || rb != w->row_bytes ||
+        (is_quant(w->type) && w->cols % 32 != 0))
+        return kkv_fail(KKV_ERR_INVALID_ARG, "matmul: inconsistent %s weight (%lld x %lld, %zu bytes/row)",
+                        kkv_wt_name(w->type), (long long)w->rows, (long long)w->cols, w->row_bytes);
+    return KKV_OK;
+}
+
+/* Rows per task: enough tasks for the pool to balance, each big enough that
+ * the dispatch cost stays small. Only speed depends on this. */
+static int64_t rows_per_task(const kkv_tp *tp, int64_t rows, int n) {
+    int threads = kkv_tp_size(tp);
+    if (threads <= 1) return rows > 0 ? rows : 1;
+    int64_t per = rows / ((int64_t)threads * 4);
+    int64_t min_rows = n >= 8 ? 4 : 32;
+    if (per < min_rows) per = min_rows;
+    return per;
+}
+
+kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const float *x, int n,
+                         kkv_wt_impl impl) {
+    const kkv_wt_kernels *k = pick_kernels(impl);
+    if (!k) return kkv_fail(KKV_ERR_UNSUPPORTED, "matmul: kernel set %d is not available here", (int)impl);
+    KKV_TRY(check_weight(w));
+    if (n < 0) return kkv_fail(KKV_ERR_INVALID_ARG, "matmul: n = %d", n);
+    if (n == 0 || w->rows == 0) return KKV_OK;
+    kkv_q8x *xq = NULL; /* [n][cols/32] */
+    if (is_quant(w->type)) {
+        size_t nb = (size_t)(w->cols / 32);
+        if ((size_t)n > SIZE_MAX / sizeof(kkv_q8x) / nb)
+            return kkv_fail(KKV_ERR_NOMEM, "matmul: activation scratch too large");
+        xq = malloc((size_t)n * nb * sizeof *xq);
+        if (!xq) return kkv_fail(KKV_ERR_NOMEM, "matmul: out of memory for %d activation rows", n);
+        for (int j = 0; j < n; j++) kkv_q8x_quantize(xq + (size_t)j * nb, x + (size_t)j * (size_t)w->cols, w->cols);
+    }
+    mm_ctx c = {k, w, out, x, xq, n, rows_per_task(tp, w->rows, n)};
+    int64_t tasks = (w->rows + c.rows_per_task - 1) / c.rows_per_task;
+    if (tasks > 1 << 30) { /* keeps the task count an int; rows_per_task grows instead */
+        c.rows_per_task = (w->rows + (1 << 30) - 1) >> 30;
+        tasks = (w->rows + c.rows_per_task - 1) / c.rows_per_task;
+    }
+    kkv_tp_run(tp, (int)tasks, mm_task, &c);
+    free(xq);
+    return KKV_OK;
+}
+
+/* Without scratch memory the x vectors are quantized one at a time into a
+ * stack buffer; each output is the same as on the normal path. */
+#define MM_STACK_BLOCKS 512
+
+void kkv_matmul(kkv_tp *tp, float *out, const kkv_weight *w, const float *x, int n) {
+    kkv_status s = kkv_matmul_ex(tp, out, w, x, n, KKV_WT_IMPL_AUTO);
+    if (s == KKV_OK) return;
+    const kkv_wt_kernels *k = pick_kernels(KKV_WT_IMPL_AUTO);
+    int64_t nb = w->cols / 32;
+    if (s == KKV_ERR_NOMEM && nb <= MM_STACK_BLOCKS) {
+        kkv_q8x xq[MM_STACK_BLOCKS];
+        for (int j = 0; j < n; j++) {
+            kkv_q8x_quantize(xq, x + (size_t)j * (size_t)w->cols, w->cols);
+            mm_ctx c = {k, w, out + (size_t)j * (size_t)w->rows, NULL, xq, 1, w->rows};
+            mm_rows(&c, 0, w->rows);
+        }
+        return;
+    }
+    /* A bad weight is a caller bug; NaN makes it visible. */
+    for (size_t i = 0; i < (size_t)(n > 0 ? n : 0) * (size_t)(w->rows > 0 ? w->rows : 0); i++) out[i] = NAN;
+}

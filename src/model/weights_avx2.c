@@ -1,0 +1,179 @@
+/* AVX2 dot kernels for kkv_matmul (compiled with -mavx2 -mfma -mf16c; run
+ * only when kkv_cpu_get()->avx2). Same arithmetic as the scalar kernels in
+ * weights.c except the order of the fp32 additions: each (weight block,
+ * activation block) product is exact in int32, scaled by d_w * d_x and added
+ * into 8 fp32 lanes that are summed at the end. Every output uses the same
+ * instruction sequence whatever nx is, so grouping never changes a result. */
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "model/weights.h"
+
+/* Fixed-order sum of 8 lanes: (l+h) halves, then pairs, then the last two. */
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 32 nibbles of 16 bytes as 32 unsigned bytes: low nibbles first. */
+static inline __m256i unpack_nibbles(const uint8_t *p) {
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m128i m = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_and_si128(v, m);
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+    return _mm256_set_m128i(hi, lo);
+}
+
+/* Pairwise int8 products summed to 8 int32 lanes; w signed. */
+static inline __m256i dot_signed(__m256i w, __m256i x, __m256i pair_weights) {
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return _mm256_madd_epi16(p, pair_weights);
+}
+
+/* Q6_K activation block k (0..7) of a super-block: the 32 quants minus 32. */
+static inline __m256i q6k_block(const uint8_t *b, int k) {
+    int half = k >> 2, quarter = k & 3;
+    __m256i ql = _mm256_loadu_si256((const __m256i *)(b + half * 64 + (quarter & 1) * 32));
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + half * 32));
+    __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+    ql = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128((quarter & 2) * 2)), m4);
+    qh = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * quarter)), m2);
+    __m256i q = _mm256_or_si256(ql, _mm256_slli_epi16(qh, 4));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+}
+
+/* One weight row against nx activation vectors; always_inline so each nx
+ * gets its own unrolled copy. */
+static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t type, const uint8_t *row,
+                                                           int64_t cols, const kkv_q8x *const *xq,
+                                                           const int nx) {
+    __m256 acc[KKV_WT_NX];
+    float accm[KKV_WT_NX];
+    for (int j = 0; j < nx; j++) {
+        acc[j] = _mm256_setzero_ps();
+        accm[j] = 0.0f;
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    int64_t nb = cols / 32;
+    switch (type) {
+    case KKV_WT_Q4_0:
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *wb = row + 18 * b;
+            __m256i w = _mm256_sub_epi8(unpack_nibbles(wb + 2), _mm256_set1_epi8(8));
+            float d = f16_at(wb);
+            for (int j = 0; j < nx; j++) {
+                const kkv_q8x *x = &xq[j][b];
+                __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), ones);
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+            }
+        }
+        break;
+    case KKV_WT_Q4_1:
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *wb = row + 20 * b;
+            __m256i w = unpack_nibbles(wb + 4);
+            float d = f16_at(wb), m = f16_at(wb + 2);
+            for (int j = 0; j < nx; j++) {
+                const kkv_q8x *x = &xq[j][b];
+                __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x->q));
+                __m256i s = _mm256_madd_epi16(p, ones);
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                accm[j] += m * x->s;
+            }
+        }
+        break;
+    case KKV_WT_Q8_0:
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *wb = row + 34 * b;
+            __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 2));
+            float d = f16_at(wb);
+            for (int j = 0; j < nx; j++) {
+                const kkv_q8x *x = &xq[j][b];
+                __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), ones);
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+            }
+        }
+        break;
+    case KKV_WT_Q6_K:
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *wb = row + 210 * (b / 8);
+            int k = (int)(b % 8);
+            const int8_t *sc = (const int8_t *)(wb + 192);
+            __m256i w = q6k_block(wb, k);
+            /* pair sums 0..7 come from values 0..15 (scale 2k), 8..15 from 16..31 */
+            __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+            float d = f16_at(wb + 208);
+            for (int j = 0; j < nx; j++) {
+                const kkv_q8x *x = &xq[j][b];
+                __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), scales);
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+            }
+        }
+        break;
+    default: break;
+    }
+    for (int j = 0; j < nx; j++) res[j] = hsum8(acc[j]) + accm[j];
+}
+
+static void avx2_dot_q(float *res, uint32_t type, const void *row, int64_t cols,
+                       const kkv_q8x *const *xq, int nx) {
+    switch (nx) {
+    case 1: dot_q_nx(res, type, row, cols, xq, 1); break;
+    case 2: dot_q_nx(res, type, row, cols, xq, 2); break;
+    case 3: dot_q_nx(res, type, row, cols, xq, 3); break;
+    default: dot_q_nx(res, type, row, cols, xq, 4); break;
+    }
+}
+
+static inline __m256 load8_w(uint32_t type, const uint8_t *row, int64_t i) {
+    if (type == KKV_WT_F32) return _mm256_loadu_ps((const float *)(const void *)(row + 4 * i));
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i)));
+}
+
+static inline float load1_w(uint32_t type, const uint8_t *row, int64_t i) {
+    if (type == KKV_WT_F32) {
+        float w;
+        memcpy(&w, row + 4 * i, 4);
+        return w;
+    }
+    return f16_at(row + 2 * i);
+}
+
+/* F32/F16: two 8-lane accumulators over 16-value steps, one 8-value step,
+ * then the scalar tail, in that fixed order. */
+static void avx2_dot_f(float *res, uint32_t type, const void *rowv, int64_t cols,
+                       const float *const *xf, int nx) {
+    const uint8_t *row = rowv;
+    for (int j = 0; j < nx; j++) {
+        const float *x = xf[j];
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= cols; i += 16) {
+            a0 = _mm256_fmadd_ps(load8_w(type, row, i), _mm256_loadu_ps(x + i), a0);
+            a1 = _mm256_fmadd_ps(load8_w(type, row, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        }
+        if (i + 8 <= cols) {
+            a0 = _mm256_fmadd_ps(load8_w(type, row, i), _mm256_loadu_ps(x + i), a0);
+            i += 8;
+        }
+        float acc = hsum8(_mm256_add_ps(a0, a1));
+        for (; i < cols; i++) acc += load1_w(type, row, i) * x[i];
+        res[j] = acc;
+    }
+}
+
+const kkv_wt_kernels kkv_wt_kernels_avx2 = {avx2_dot_q, avx2_dot_f};
+
+#else
+typedef int kkv_weights_avx2_unused_; /* ISO C forbids an empty unit */
+#endif

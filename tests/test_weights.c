@@ -1,0 +1,522 @@
+/* Weight formats and matmul: dequantization of known blocks, the scalar
+ * kernels against a double-precision evaluation of their definition, AVX2
+ * against scalar, and bit-identical rows whatever the batch size or thread
+ * count.
+ *
+ * Extra modes (used by tests/oracle/test_weights.py, not by CTest):
+ *   --dump MODEL TENSOR OUT        dequantize a tensor of a GGUF to raw f32
+ *   --dequant TYPE IN OUT          dequantize raw blocks of a ggml type to f32
+ *   --matmul MODEL TENSOR X N OUT  out[N][rows] = x[N][cols] @ W^T (raw f32)
+ *   --sizes                        print the block size table
+ *   --bench [MODEL]                time matmuls (scalar vs AVX2, 1 and 2 threads) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/cpu.h"
+#include "core/fp16.h"
+#include "core/threads.h"
+#include "model/gguf.h"
+#include "model/weights.h"
+
+static int g_fail;
+#define CHECK(cond, ...)                                                       \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            g_fail++;                                                          \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                      \
+            fprintf(stderr, "\n");                                             \
+            if (g_fail > 20) exit(1);                                          \
+        }                                                                      \
+    } while (0)
+
+/* xorshift64*: deterministic test data */
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd_u32(void) {
+    g_rng ^= g_rng >> 12;
+    g_rng ^= g_rng << 25;
+    g_rng ^= g_rng >> 27;
+    return (uint32_t)((g_rng * 2685821657736338717ull) >> 32);
+}
+static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (float)(rnd_u32() >> 8) / 16777216.0f; }
+
+static void put_f16(uint8_t *p, float f) {
+    uint16_t h = kkv_f32_to_f16(f);
+    memcpy(p, &h, 2);
+}
+
+/* Random weight rows of a type: [rows][row_bytes], with sane fp16 scales. */
+static uint8_t *rand_weights(kkv_weight *w, uint32_t type, int64_t rows, int64_t cols) {
+    size_t rb;
+    if (kkv_wt_row_size(&rb, type, cols) != KKV_OK) return NULL;
+    uint8_t *d = malloc(rb * (size_t)rows);
+    for (size_t i = 0; i < rb * (size_t)rows; i++) d[i] = (uint8_t)rnd_u32();
+    size_t bb = kkv_wt_block_bytes(type);
+    for (size_t off = 0; off < rb * (size_t)rows; off += bb) {
+        uint8_t *b = d + off;
+        switch (type) {
+        case KKV_WT_F32: {
+            float v = rnd_f(-1, 1);
+            memcpy(b, &v, 4);
+            break;
+        }
+        case KKV_WT_F16: put_f16(b, rnd_f(-1, 1)); break;
+        case KKV_WT_Q4_0:
+        case KKV_WT_Q8_0: put_f16(b, rnd_f(-0.05f, 0.05f)); break;
+        case KKV_WT_Q4_1:
+            put_f16(b, rnd_f(0, 0.05f));
+            put_f16(b + 2, rnd_f(-0.4f, 0.0f));
+            break;
+        case KKV_WT_Q6_K: put_f16(b + 208, rnd_f(-0.002f, 0.002f)); break;
+        default: break;
+        }
+    }
+    w->type = type;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = rb;
+    w->data = d;
+    return d;
+}
+
+static float *rand_x(int n, int64_t cols) {
+    float *x = malloc(sizeof(float) * (size_t)n * (size_t)cols);
+    for (size_t i = 0; i < (size_t)n * (size_t)cols; i++) x[i] = rnd_f(-2, 2);
+    /* one block with a large outlier, one all-zero block: both edge cases of d */
+    if (cols >= 64) {
+        x[5] = 40.0f;
+        for (int i = 32; i < 64; i++) x[i] = 0.0f;
+    }
+    return x;
+}
+
+/* ---- dequantization of hand-built blocks ---- */
+
+static void test_dequant_known(void) {
+    float y[256];
+    kkv_weight w = {0};
+    uint8_t b[256];
+
+    /* Q4_0: d = 0.5; byte i = i | (15 - i) << 4 */
+    put_f16(b, 0.5f);
+    for (int i = 0; i < 16; i++) b[2 + i] = (uint8_t)(i | (15 - i) << 4);
+    w = (kkv_weight){KKV_WT_Q4_0, 1, 32, 18, b};
+    kkv_wt_dequant_row(y, &w, 0);
+    for (int i = 0; i < 16; i++) {
+        CHECK(y[i] == (float)(i - 8) * 0.5f, "q4_0 y[%d] = %g", i, y[i]);
+        CHECK(y[16 + i] == (float)(7 - i) * 0.5f, "q4_0 y[%d] = %g", 16 + i, y[16 + i]);
+    }
+
+    /* Q4_1: d = 0.25, m = -1 */
+    put_f16(b, 0.25f);
+    put_f16(b + 2, -1.0f);
+    for (int i = 0; i < 16; i++) b[4 + i] = (uint8_t)(i | (15 - i) << 4);
+    w = (kkv_weight){KKV_WT_Q4_1, 1, 32, 20, b};
+    kkv_wt_dequant_row(y, &w, 0);
+    for (int i = 0; i < 16; i++) {
+        CHECK(y[i] == (float)i * 0.25f - 1.0f, "q4_1 y[%d] = %g", i, y[i]);
+        CHECK(y[16 + i] == (float)(15 - i) * 0.25f - 1.0f, "q4_1 y[%d] = %g", 16 + i, y[16 + i]);
+    }
+
+    /* Q8_0: d = 0.125, q = i - 16, second row scaled by 2 */
+    for (int r = 0; r < 2; r++) {
+        put_f16(b + 34 * r, 0.125f * (float)(r + 1));
+        for (int i = 0; i < 32; i++) b[34 * r + 2 + i] = (uint8_t)(int8_t)(i - 16);
+    }
+    w = (kkv_weight){KKV_WT_Q8_0, 2, 32, 34, b};
+    kkv_wt_dequant_row(y, &w, 1);
+    for (int i = 0; i < 32; i++) CHECK(y[i] == (float)(i - 16) * 0.25f, "q8_0 y[%d] = %g", i, y[i]);
+
+    /* Q6_K: bytes set by hand from the ggml layout:
+     * ql[0] = 0x21: element 0 low nibble 1, element 64 low bits 2;
+     * qh[0] = 0xe4 (bit pairs 00,01,10,11 for elements 0, 32, 64, 96);
+     * ql[32] = 0x0f: element 32 low bits 15, element 96 low bits 0;
+     * ql[64] = 0x05 and qh[32] = 0x03: element 128 = 5 | 3 << 4 = 53;
+     * scales[s] = s - 8; d = 0.5. Everything else zero. */
+    memset(b, 0, 210);
+    b[0] = 0x21;
+    b[128] = 0xe4;
+    b[32] = 0x0f;
+    b[64] = 0x05;
+    b[128 + 32] = 0x03;
+    for (int s = 0; s < 16; s++) b[192 + s] = (uint8_t)(int8_t)(s - 8);
+    put_f16(b + 208, 0.5f);
+    w = (kkv_weight){KKV_WT_Q6_K, 1, 256, 210, b};
+    kkv_wt_dequant_row(y, &w, 0);
+    CHECK(y[0] == 0.5f * -8.0f * (1 - 32), "q6_k y[0] = %g", y[0]);
+    CHECK(y[32] == 0.5f * -6.0f * ((15 | 1 << 4) - 32), "q6_k y[32] = %g", y[32]);
+    CHECK(y[64] == 0.5f * -4.0f * ((2 | 2 << 4) - 32), "q6_k y[64] = %g", y[64]);
+    CHECK(y[96] == 0.5f * -2.0f * ((0 | 3 << 4) - 32), "q6_k y[96] = %g", y[96]);
+    CHECK(y[128] == 0.5f * 0.0f * (53 - 32), "q6_k y[128] = %g", y[128]);
+    CHECK(y[1] == 0.5f * -8.0f * -32.0f, "q6_k y[1] = %g", y[1]);
+    CHECK(y[255] == 0.5f * 7.0f * -32.0f, "q6_k y[255] = %g", y[255]);
+
+    /* F16 / F32 */
+    put_f16(b, 1.5f);
+    put_f16(b + 2, -0.25f);
+    w = (kkv_weight){KKV_WT_F16, 1, 2, 4, b};
+    kkv_wt_dequant_row(y, &w, 0);
+    CHECK(y[0] == 1.5f && y[1] == -0.25f, "f16 %g %g", y[0], y[1]);
+}
+
+static void test_type_table(void) {
+    CHECK(kkv_wt_block_elems(KKV_WT_Q4_1) == 32 && kkv_wt_block_bytes(KKV_WT_Q4_1) == 20, "q4_1");
+    CHECK(kkv_wt_block_elems(KKV_WT_Q6_K) == 256 && kkv_wt_block_bytes(KKV_WT_Q6_K) == 210, "q6_k");
+    CHECK(kkv_wt_block_bytes(KKV_WT_Q8_0) == 34 && kkv_wt_block_bytes(KKV_WT_Q4_0) == 18, "q8_0/q4_0");
+    CHECK(kkv_wt_block_bytes(12) == 144 && kkv_wt_block_bytes(30) == 2 && kkv_wt_block_bytes(28) == 8, "k/bf16/f64");
+    CHECK(kkv_wt_block_elems(4) == 0 && kkv_wt_block_elems(5) == 0 && kkv_wt_block_elems(1000) == 0, "retired ids");
+    CHECK(kkv_wt_supported(KKV_WT_Q6_K) && !kkv_wt_supported(12) && !kkv_wt_supported(4), "supported");
+    CHECK(strcmp(kkv_wt_name(KKV_WT_Q4_1), "Q4_1") == 0, "name");
+    size_t rb = 0;
+    CHECK(kkv_wt_row_size(&rb, KKV_WT_Q4_1, 576) == KKV_OK && rb == 18 * 20, "row size");
+    CHECK(kkv_wt_row_size(&rb, KKV_WT_Q4_1, 33) == KKV_ERR_FORMAT, "partial block");
+    CHECK(kkv_wt_row_size(&rb, 4, 32) == KKV_ERR_UNSUPPORTED, "unknown type");
+    CHECK(kkv_wt_row_size(&rb, KKV_WT_F32, INT64_MAX) != KKV_OK, "overflow");
+}
+
+static void test_q8x(void) {
+    float x[64];
+    kkv_q8x q[2];
+    for (int i = 0; i < 32; i++) x[i] = (float)(i - 16);
+    for (int i = 32; i < 64; i++) x[i] = 0.0f;
+    kkv_q8x_quantize(q, x, 64);
+    CHECK(q[0].d == 16.0f / 127.0f, "d = %g", q[0].d);
+    CHECK(q[0].q[0] == -127 && q[0].q[16] == 0 && q[0].q[24] == 64, "q %d %d %d", q[0].q[0], q[0].q[16],
+          q[0].q[24]); /* 8 * 127 / 16 = 63.5 rounds to even 64 */
+    int32_t s = 0;
+    for (int i = 0; i < 32; i++) s += q[0].q[i];
+    CHECK(q[0].isum == s && q[0].s == q[0].d * (float)s, "sums");
+    CHECK(q[1].d == 0.0f && q[1].isum == 0, "zero block");
+    x[3] = NAN;
+    kkv_q8x_quantize(q, x, 32);
+    CHECK(isnan(q[0].d), "NaN block gives NaN scale");
+}
+
+/* The definition of the quantized matmul evaluated in double: the dot of the
+ * dequantized row with the quantized activations. */
+static double ref_dot(double *abs_sum, const kkv_weight *w, int64_t row, const float *x) {
+    float *wr = malloc(sizeof(float) * (size_t)w->cols);
+    kkv_wt_dequant_row(wr, w, row);
+    int quant = w->type != KKV_WT_F32 && w->type != KKV_WT_F16;
+    kkv_q8x *xq = malloc(sizeof(kkv_q8x) * (size_t)(w->cols / 32 + 1));
+    if (quant) kkv_q8x_quantize(xq, x, w->cols);
+    double acc = 0, abs = 0;
+    for (int64_t i = 0; i < w->cols; i++) {
+        double xv = quant ? (double)xq[i / 32].d * xq[i / 32].q[i % 32] : (double)x[i];
+        acc += (double)wr[i] * xv;
+        abs += fabs((double)wr[i] * xv);
+    }
+    free(wr);
+    free(xq);
+    *abs_sum = abs;
+    return acc;
+}
+
+static const uint32_t TYPES[] = {KKV_WT_F32, KKV_WT_F16, KKV_WT_Q4_0, KKV_WT_Q4_1, KKV_WT_Q8_0, KKV_WT_Q6_K};
+
+static void test_kernels(void) {
+    const int ns[] = {1, 3, 17};
+    const int64_t rows_list[] = {1, 7, 37};
+    int have_avx2 = kkv_cpu_get()->avx2;
+    kkv_tp *tp3 = NULL;
+    kkv_tp_create(&tp3, 3);
+    for (size_t ti = 0; ti < sizeof TYPES / sizeof TYPES[0]; ti++) {
+        uint32_t type = TYPES[ti];
+        int be = kkv_wt_block_elems(type) < 32 ? 32 : kkv_wt_block_elems(type);
+        const int64_t cols_list[] = {be, 3 * (int64_t)be, (576 / be > 0 ? 576 / be : 1) * (int64_t)be};
+        for (int ci = 0; ci < 3; ci++) {
+            int64_t cols = cols_list[ci];
+            if (type == KKV_WT_F32 || type == KKV_WT_F16) cols += ci; /* odd lengths: SIMD tails */
+            for (int ri = 0; ri < 3; ri++) {
+                int64_t rows = rows_list[ri];
+                kkv_weight w;
+                uint8_t *wd = rand_weights(&w, type, rows, cols);
+                for (int ni = 0; ni < 3; ni++) {
+                    int n = ns[ni];
+                    float *x = rand_x(n, cols);
+                    float *os = malloc(sizeof(float) * (size_t)n * (size_t)rows);
+                    float *oa = malloc(sizeof(float) * (size_t)n * (size_t)rows);
+                    float *o1 = malloc(sizeof(float) * (size_t)rows);
+                    CHECK(kkv_matmul_ex(NULL, os, &w, x, n, KKV_WT_IMPL_SCALAR) == KKV_OK, "scalar");
+                    if (have_avx2) {
+                        CHECK(kkv_matmul_ex(tp3, oa, &w, x, n, KKV_WT_IMPL_AVX2) == KKV_OK, "avx2");
+                    }
+                    for (int j = 0; j < n; j++) {
+                        for (int64_t r = 0; r < rows; r++) {
+                            double abs;
+                            double ref = ref_dot(&abs, &w, r, x + (size_t)j * (size_t)cols);
+                            float s = os[(size_t)j * (size_t)rows + (size_t)r];
+                            CHECK(fabs(s - ref) <= 1e-5 * abs + 1e-30, "%s %lldx%lld n=%d: scalar %.9g ref %.9g",
+                                  kkv_wt_name(type), (long long)rows, (long long)cols, n, s, ref);
+                            if (have_avx2) {
+                                float a = oa[(size_t)j * (size_t)rows + (size_t)r];
+                                CHECK(fabs(a - s) <= 2e-5 * abs + 1e-30, "%s %lldx%lld n=%d: avx2 %.9g scalar %.9g",
+                                      kkv_wt_name(type), (long long)rows, (long long)cols, n, a, s);
+                            }
+                        }
+                        /* the same x vector alone, serial: bit-identical */
+                        for (int impl = KKV_WT_IMPL_SCALAR; impl <= (have_avx2 ? KKV_WT_IMPL_AVX2 : KKV_WT_IMPL_SCALAR); impl++) {
+                            const float *ob = impl == KKV_WT_IMPL_SCALAR ? os : oa;
+                            kkv_matmul_ex(NULL, o1, &w, x + (size_t)j * (size_t)cols, 1, (kkv_wt_impl)impl);
+                            CHECK(memcmp(o1, ob + (size_t)j * (size_t)rows, sizeof(float) * (size_t)rows) == 0,
+                                  "%s impl %d: row result depends on n/threads (n=%d j=%d)", kkv_wt_name(type),
+                                  impl, n, j);
+                        }
+                    }
+                    free(x);
+                    free(os);
+                    free(oa);
+                    free(o1);
+                }
+                free(wd);
+            }
+        }
+    }
+    kkv_tp_free(tp3);
+}
+
+/* Batch-size and thread-count invariance on a model-sized matrix through the
+ * public entry point, including n that are not multiples of the kernel group. */
+static void test_invariance(void) {
+    kkv_tp *tp2 = NULL, *tp4 = NULL;
+    kkv_tp_create(&tp2, 2);
+    kkv_tp_create(&tp4, 4);
+    const uint32_t types[] = {KKV_WT_Q4_1, KKV_WT_Q8_0, KKV_WT_Q6_K};
+    for (int ti = 0; ti < 3; ti++) {
+        kkv_weight w;
+        int64_t rows = 301, cols = types[ti] == KKV_WT_Q6_K ? 512 : 576;
+        uint8_t *wd = rand_weights(&w, types[ti], rows, cols);
+        int n = 23;
+        float *x = rand_x(n, cols);
+        float *full = malloc(sizeof(float) * (size_t)n * (size_t)rows);
+        float *part = malloc(sizeof(float) * (size_t)n * (size_t)rows);
+        kkv_matmul(NULL, full, &w, x, n);
+        kkv_tp *pools[] = {NULL, tp2, tp4};
+        for (int p = 0; p < 3; p++) {
+            /* split the batch as 1 + 6 + 5 + 11 */
+            const int cuts[] = {0, 1, 7, 12, 23};
+            for (int c = 0; c < 4; c++)
+                kkv_matmul(pools[p], part + (size_t)cuts[c] * (size_t)rows, &w, x + (size_t)cuts[c] * (size_t)cols,
+                           cuts[c + 1] - cuts[c]);
+            CHECK(memcmp(full, part, sizeof(float) * (size_t)n * (size_t)rows) == 0,
+                  "%s: pool %d / batch split changes results", kkv_wt_name(types[ti]), p);
+        }
+        /* NaN in x propagates to that x vector's outputs only */
+        x[7] = NAN;
+        kkv_matmul(tp2, part, &w, x, 2);
+        CHECK(isnan(part[0]) && isnan(part[rows - 1]) && !isnan(part[rows]), "NaN propagation");
+        free(wd);
+        free(x);
+        free(full);
+        free(part);
+    }
+    /* bad weights are refused */
+    kkv_weight bad = {KKV_WT_Q4_1, 2, 33, 20, NULL};
+    float o[4], xx[66] = {0};
+    CHECK(kkv_matmul_ex(NULL, o, &bad, xx, 1, KKV_WT_IMPL_AUTO) == KKV_ERR_INVALID_ARG, "bad cols");
+    bad = (kkv_weight){12, 2, 256, 144, NULL};
+    CHECK(kkv_matmul_ex(NULL, o, &bad, xx, 1, KKV_WT_IMPL_AUTO) == KKV_ERR_UNSUPPORTED, "Q4_K not computable");
+    kkv_tp_free(tp2);
+    kkv_tp_free(tp4);
+}
+
+/* ---- tool modes ---- */
+
+static int write_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return 1;
+    size_t w = fwrite(p, 1, n, f);
+    return (fclose(f) != 0 || w != n);
+}
+
+static void *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc(sz > 0 ? (size_t)sz : 1);
+    *n = fread(p, 1, (size_t)sz, f);
+    fclose(f);
+    return p;
+}
+
+static int open_weight(kkv_gguf **g, kkv_weight *w, const char *model, const char *tensor) {
+    if (kkv_gguf_open(g, model) != KKV_OK) {
+        fprintf(stderr, "%s\n", kkv_last_error());
+        return 1;
+    }
+    const kkv_gguf_tensor *t = kkv_gguf_find_tensor(*g, tensor);
+    if (!t) {
+        fprintf(stderr, "no tensor %s\n", tensor);
+        return 1;
+    }
+    if (t->n_dims == 1) {
+        /* a 1-D tensor as one row */
+        kkv_gguf_tensor t2 = *t;
+        t2.ne[1] = 1;
+        if (kkv_weight_from_tensor(w, &t2) != KKV_OK) {
+            fprintf(stderr, "%s\n", kkv_last_error());
+            return 1;
+        }
+        return 0;
+    }
+    if (kkv_weight_from_tensor(w, t) != KKV_OK) {
+        fprintf(stderr, "%s\n", kkv_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+static int mode_dump(const char *model, const char *tensor, const char *outp) {
+    kkv_gguf *g = NULL;
+    kkv_weight w;
+    if (open_weight(&g, &w, model, tensor)) return 1;
+    float *out = malloc(sizeof(float) * (size_t)w.rows * (size_t)w.cols);
+    for (int64_t r = 0; r < w.rows; r++) kkv_wt_dequant_row(out + (size_t)r * (size_t)w.cols, &w, r);
+    int rc = write_file(outp, out, sizeof(float) * (size_t)w.rows * (size_t)w.cols);
+    free(out);
+    kkv_gguf_close(g);
+    return rc;
+}
+
+static int mode_dequant(const char *type_s, const char *inp, const char *outp) {
+    uint32_t type = (uint32_t)atoi(type_s);
+    size_t n = 0;
+    uint8_t *in = read_file(inp, &n);
+    size_t bb = kkv_wt_block_bytes(type);
+    if (!in || !kkv_wt_supported(type) || n % bb != 0 || n == 0) {
+        fprintf(stderr, "bad --dequant input\n");
+        free(in);
+        return 1;
+    }
+    int64_t be = kkv_wt_block_elems(type), blocks = (int64_t)(n / bb);
+    kkv_weight w = {type, 1, blocks * be, n, in};
+    float *out = malloc(sizeof(float) * (size_t)w.cols);
+    kkv_wt_dequant_row(out, &w, 0);
+    int rc = write_file(outp, out, sizeof(float) * (size_t)w.cols);
+    free(out);
+    free(in);
+    return rc;
+}
+
+static int mode_matmul(const char *model, const char *tensor, const char *xp, const char *n_s, const char *outp) {
+    kkv_gguf *g = NULL;
+    kkv_weight w;
+    if (open_weight(&g, &w, model, tensor)) return 1;
+    int n = atoi(n_s);
+    size_t xn = 0;
+    float *x = read_file(xp, &xn);
+    if (!x || n <= 0 || xn != sizeof(float) * (size_t)n * (size_t)w.cols) {
+        fprintf(stderr, "bad --matmul x file\n");
+        return 1;
+    }
+    float *out = malloc(sizeof(float) * (size_t)n * (size_t)w.rows);
+    kkv_tp *tp = NULL;
+    kkv_tp_create(&tp, 2);
+    kkv_matmul(tp, out, &w, x, n);
+    int rc = write_file(outp, out, sizeof(float) * (size_t)n * (size_t)w.rows);
+    kkv_tp_free(tp);
+    free(out);
+    free(x);
+    kkv_gguf_close(g);
+    return rc;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void bench_one(const kkv_weight *w, const char *label) {
+    const int ns[] = {1, 64};
+    for (int ni = 0; ni < 2; ni++) {
+        int n = ns[ni];
+        float *x = rand_x(n, w->cols);
+        float *out = malloc(sizeof(float) * (size_t)n * (size_t)w->rows);
+        for (int impl = KKV_WT_IMPL_SCALAR; impl <= KKV_WT_IMPL_AVX2; impl++) {
+            if (impl == KKV_WT_IMPL_AVX2 && !kkv_cpu_get()->avx2) continue;
+            for (int th = 1; th <= 2; th++) {
+                kkv_tp *tp = NULL;
+                kkv_tp_create(&tp, th);
+                /* best of repeated calls: the machine may be shared */
+                int reps = 0;
+                double start = now_s(), per = 1e30;
+                do {
+                    double t0 = now_s();
+                    kkv_matmul_ex(tp, out, w, x, n, (kkv_wt_impl)impl);
+                    double t = now_s() - t0;
+                    if (t < per) per = t;
+                    reps++;
+                } while (now_s() - start < 0.5 && reps < 1000);
+                double gflops = 2.0 * (double)n * (double)w->rows * (double)w->cols / per * 1e-9;
+                double gbs = (double)w->rows * (double)w->row_bytes / per * 1e-9;
+                printf("%-28s %-5s n=%-3d threads=%d  %8.3f ms  %7.2f GFLOP/s  %6.2f GB/s weights\n", label,
+                       impl == KKV_WT_IMPL_SCALAR ? "scalar" : "avx2", n, th, per * 1e3, gflops, gbs);
+                kkv_tp_free(tp);
+            }
+        }
+        free(x);
+        free(out);
+    }
+}
+
+static int mode_bench(const char *model) {
+    kkv_gguf *g = NULL;
+    kkv_weight w;
+    if (model && open_weight(&g, &w, model, "token_embd.weight") == 0) {
+        char label[64];
+        snprintf(label, sizeof label, "token_embd %s %lldx%lld", kkv_wt_name(w.type), (long long)w.rows,
+                 (long long)w.cols);
+        bench_one(&w, label);
+        kkv_weight w2;
+        kkv_gguf *g2 = NULL;
+        if (open_weight(&g2, &w2, model, "blk.0.ffn_up.weight") == 0) {
+            snprintf(label, sizeof label, "ffn_up %s %lldx%lld", kkv_wt_name(w2.type), (long long)w2.rows,
+                     (long long)w2.cols);
+            bench_one(&w2, label);
+        }
+        kkv_gguf_close(g2);
+        kkv_gguf_close(g);
+    }
+    const uint32_t types[] = {KKV_WT_Q4_1, KKV_WT_Q8_0, KKV_WT_Q4_0, KKV_WT_Q6_K, KKV_WT_F16};
+    for (int i = 0; i < 5; i++) {
+        uint8_t *d = rand_weights(&w, types[i], 4096, 576 / kkv_wt_block_elems(types[i]) * kkv_wt_block_elems(types[i]) == 576 ? 576 : 512);
+        char label[64];
+        snprintf(label, sizeof label, "random %s %lldx%lld", kkv_wt_name(types[i]), (long long)w.rows,
+                 (long long)w.cols);
+        bench_one(&w, label);
+        free(d);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 5 && strcmp(argv[1], "--dump") == 0) return mode_dump(argv[2], argv[3], argv[4]);
+    if (argc >= 5 && strcmp(argv[1], "--dequant") == 0) return mode_dequant(argv[2], argv[3], argv[4]);
+    if (argc >= 7 && strcmp(argv[1], "--matmul") == 0)
+        return mode_matmul(argv[2], argv[3], argv[4], argv[5], argv[6]);
+    if (argc == 2 && strcmp(argv[1], "--sizes") == 0) {
+        for (uint32_t t = 0; t < 64; t++)
+            if (kkv_wt_block_elems(t)) printf("%u %s %d %zu\n", t, kkv_wt_name(t), kkv_wt_block_elems(t), kkv_wt_block_bytes(t));
+        return 0;
+    }
+    if (argc >= 2 && strcmp(argv[1], "--bench") == 0) return mode_bench(argc >= 3 ? argv[2] : NULL);
+
+    test_type_table();
+    test_dequant_known();
+    test_q8x();
+    test_kernels();
+    test_invariance();
+    if (!kkv_cpu_get()->avx2) printf("note: no AVX2 on this CPU; SIMD comparisons skipped\n");
+    if (g_fail) {
+        fprintf(stderr, "test_weights: %d failure(s)\n", g_fail);
+        return 1;
+    }
+    printf("test_weights: ok\n");
+    return 0;
+}
