@@ -6,6 +6,7 @@
  * yields a partial softmax state, and partials merge in unit order. The result
  * is therefore bit-identical for any thread count. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,36 +39,23 @@ typedef struct job {
     const float    *q;      /* [H][n_rep][D] */
     float          *acc;    /* [H][n_units][n_rep][D] partial outputs */
     float          *ml;     /* [H][n_units][n_rep][2] partial max and sum */
-    float          *scores; /* [H][n_units][n_rep][G] scratch */
+    atomic_int      oom;    /* a task could not get its score scratch */
 } job;
 
+/* Score scratch of one task lives on its thread's stack when it is this small
+ * (n_rep * G floats); larger shapes take it from the heap per task. */
+#define STACK_SCORES 4096
+
 /* Online-softmax update of one block into the partial state of n_rep query
- * heads: acc [n_rep][D], ml [n_rep][2] (running max, running sum). */
+ * heads: acc [n_rep][D], ml [n_rep][2] (running max, running sum).
+ * sc: [n_rep][G] scratch. */
 static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, const float *q,
                          int n_rep, const block *b) {
     const kkv_ops *ops = c->ops;
     int D = c->D, n = b->n;
     if (b->kpage) ops->qk_page(sc, q, n_rep, b->kpage, D, c->G, c->nb);
     else ops->qk_f16(sc, q, n_rep, b->k16, n, D);
-    float inv = 1.0f / sqrtf((float)D);
-    for (int r = 0; r < n_rep; r++) {
-        float *a = acc + (size_t)r * D, *m = ml + 2 * r, *l = m + 1;
-        float *s = sc + (size_t)r * n;
-        float mx = *m;
-        for (int t = 0; t < n; t++) {
-            s[t] *= inv;
-            mx = s[t] > mx ? s[t] : mx;
-        }
-        float corr = expf(*m - mx); /* 0 on the first block, where *m = -inf */
-        float sum = 0.0f;
-        for (int t = 0; t < n; t++) {
-            s[t] = expf(s[t] - mx);
-            sum += s[t];
-        }
-        for (int j = 0; j < D; j++) a[j] *= corr;
-        *l = *l * corr + sum;
-        *m = mx;
-    }
+    ops->softmax(sc, ml, acc, n_rep, n, D, 1.0f / sqrtf((float)D));
     /* sc now holds the unnormalised probabilities, [n_rep][n] */
     if (b->vpage) ops->pv_page(acc, sc, n_rep, b->vpage, D, c->G, c->vbits);
     else ops->pv_f16(acc, sc, n_rep, b->v16, n, D);
@@ -78,6 +66,13 @@ static const uint16_t *vtail_row(const kkv_cache *c, const uint16_t *st, const k
                                  int tok) {
     int i = tok - n->sink - n->vp * c->G;
     return st + kkv_off_vtail(c) + (size_t)i * c->D;
+}
+
+/* Pulls the next page into the cache while this one is computed: pages of
+ * one (layer, head) lie a whole slot apart, beyond the hardware prefetcher. */
+static void prefetch(const void *p, size_t n) {
+    const char *b = p;
+    for (size_t i = 0; i < n; i += 64) __builtin_prefetch(b + i, 0, 3);
 }
 
 static void run_task(void *arg, int task) {
@@ -91,7 +86,13 @@ static void run_task(void *arg, int task) {
     size_t tu = (size_t)h * J->n_units + u;
     float *acc = J->acc + tu * J->n_rep * D;
     float *ml = J->ml + tu * J->n_rep * 2;
-    float *sc = J->scores + tu * J->n_rep * G;
+    float stack_sc[STACK_SCORES];
+    size_t sc_n = (size_t)J->n_rep * G;
+    float *sc = sc_n <= STACK_SCORES ? stack_sc : malloc(sc_n * sizeof *sc); /* [n_rep][G] */
+    if (!sc) { /* reported by the caller */
+        atomic_store(&J->oom, 1);
+        return;
+    }
     memset(acc, 0, (size_t)J->n_rep * D * sizeof *acc);
     for (int r = 0; r < J->n_rep; r++) {
         ml[2 * r] = -INFINITY;
@@ -109,6 +110,10 @@ static void run_task(void *arg, int task) {
     } else if (U->kind == 1) {
         for (int p = U->first; p < U->first + U->count; p++) {
             const uint8_t *kp = kkv_kpage_ptr(c, J->s, p, J->layer, h);
+            if (p + 1 < U->first + U->count) {
+                prefetch(kkv_kpage_ptr(c, J->s, p + 1, J->layer, h), c->kpage);
+                if (p + 1 < n->vp) prefetch(kkv_vpage_ptr(c, J->s, p + 1, J->layer, h), c->vpage);
+            }
             b.n = G;
             b.k16 = c->fp16 ? (const uint16_t *)(const void *)kp : NULL;
             b.kpage = c->fp16 ? NULL : kp;
@@ -131,6 +136,7 @@ static void run_task(void *arg, int task) {
         b.vpage = NULL;
         attend_block(c, acc, ml, sc, q, J->n_rep, &b);
     }
+    if (sc != stack_sc) free(sc);
 }
 
 kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *s, int layer,
@@ -149,14 +155,18 @@ kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *s, int layer
     if (n.ktail) units[nu++] = (unit){2, 0, n.ktail};
 
     size_t acc_n = (size_t)c->H * nu * n_rep * D, ml_n = (size_t)c->H * nu * n_rep * 2;
-    size_t sc_n = (size_t)c->H * nu * n_rep * c->G;
-    float *buf = malloc((acc_n + ml_n + sc_n) * sizeof *buf);
+    float *buf = malloc((acc_n + ml_n) * sizeof *buf);
     if (!buf) {
         if (units != stack_units) free(units);
         return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory");
     }
-    job J = {c, s, layer, n_rep, nu, n, units, q, buf, buf + acc_n, buf + acc_n + ml_n};
+    job J = {c, s, layer, n_rep, nu, n, units, q, buf, buf + acc_n, 0};
     kkv_tp_run(c->tp, c->H * nu, run_task, &J);
+    if (atomic_load(&J.oom)) {
+        free(buf);
+        if (units != stack_units) free(units);
+        return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory for scores");
+    }
 
     /* merge partials in unit order */
     for (int h = 0; h < c->H; h++) {

@@ -1,6 +1,10 @@
 /* Kernel table behind kkv_attend() and kkv_flush(). The online-softmax glue
  * (attn.c) is shared; a kernel variant supplies these primitives. Each variant
- * is tested against the scalar one (tests/test_kernels.c). */
+ * is tested against the scalar one (tests/test_kernels.c).
+ *
+ * Numerical contract: the attention primitives of a SIMD variant agree with
+ * the scalar ones to float rounding (they may fold scales and reorder sums);
+ * the flush primitives write bytes identical to the scalar codecs. */
 #ifndef KKV_ATTN_ATTN_H
 #define KKV_ATTN_ATTN_H
 
@@ -25,6 +29,11 @@ typedef struct kkv_ops {
     void (*key_encode)(uint8_t *page, float *tmp, const uint16_t *k, int D, int G, int nb,
                        kkv_select sel, uint64_t seed, uint64_t page_no, const uint8_t *rank);
     void (*value_encode)(uint8_t *page, float *tmp, const uint16_t *v, int D, int G, int bits);
+    /* Online-softmax step of one block for n_rep query heads. s: [n_rep][n] raw
+     * dots in, unnormalised probabilities exp(s*inv - m_new) out. ml: [n_rep][2]
+     * running (max, sum), updated. acc: [n_rep][D] partial outputs, rescaled by
+     * exp(m_old - m_new). The running max starts at -INFINITY. */
+    void (*softmax)(float *s, float *ml, float *acc, int n_rep, int n, int D, float inv);
 } kkv_ops;
 
 /* The table of a kernel kind; NULL if this CPU/build lacks it. */

@@ -1,5 +1,7 @@
 /* Scalar reference kernels: the oracle every SIMD variant is tested against.
  * They decode each element as q * scale + mn, exactly as the page codecs do. */
+#include <math.h>
+
 #include "attn/attn.h"
 #include "core/fp16.h"
 #include "quant/quant.h"
@@ -75,6 +77,34 @@ static void value_encode(uint8_t *page, float *tmp, const uint16_t *v, int D, in
     kkv_value_encode_ref(page, tmp, D, G, bits);
 }
 
+static void softmax(float *sc, float *ml, float *acc, int n_rep, int n, int D, float inv) {
+    for (int r = 0; r < n_rep; r++) {
+        float *a = acc + (size_t)r * D, *m = ml + 2 * r, *l = m + 1;
+        float *s = sc + (size_t)r * n;
+        float mx = *m;
+        for (int t = 0; t < n; t++) {
+            s[t] *= inv;
+            mx = s[t] > mx ? s[t] : mx;
+        }
+        float corr = expf(*m - mx); /* 0 on the first block, where *m = -inf */
+        float sum = 0.0f;
+        for (int t = 0; t < n; t++) {
+            s[t] = expf(s[t] - mx);
+            sum += s[t];
+        }
+        for (int j = 0; j < D; j++) a[j] *= corr;
+        *l = *l * corr + sum;
+        *m = mx;
+    }
+}
+
 const kkv_ops kkv_ops_scalar = {
-    KKV_KERNEL_SCALAR, qk_f16, qk_page, pv_f16, pv_page, key_encode, value_encode,
+    .kind = KKV_KERNEL_SCALAR,
+    .qk_f16 = qk_f16,
+    .qk_page = qk_page,
+    .pv_f16 = pv_f16,
+    .pv_page = pv_page,
+    .key_encode = key_encode,
+    .value_encode = value_encode,
+    .softmax = softmax,
 };

@@ -1,0 +1,503 @@
+/* Every kernel table this CPU runs (scalar always, AVX2 / AVX-512 when
+ * present) against the scalar reference, primitive by primitive, then
+ * end to end through kkv_attend().
+ *
+ * Tolerances. The SIMD attention primitives fold scales into the query or the
+ * probabilities, use FMA and reorder sums, so they differ from the scalar
+ * ones by rounding only. Each output is compared relative to its magnitude
+ * scale M = sum |terms| (computed in double): |simd - scalar| <= 1e-5 * M
+ * (fp32 sums of <= 256 terms stay within a few 2^-24 * M in practice). The
+ * flush primitives must write IDENTICAL bytes. End to end, kkv_attend() must
+ * equal softmax attention in double over kkv_seq_read() to rel 1e-4 of the
+ * probability-weighted magnitude of the values, the AVX2 and scalar kernels
+ * must agree to 1e-5 of it, and 1 vs 2 threads must be bit-identical. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/attn.h"
+#include "core/cpu.h"
+#include "core/fp16.h"
+#include "quant/quant.h"
+#include "testutil.h"
+
+#define TOL_PRIM 1e-5
+#define TOL_REF 1e-4
+
+static const int Ds[] = {4, 12, 64, 128, 256};
+static const int Gs[] = {4, 12, 128};
+static const int REPS[] = {1, 2, 3, 4, 8};
+#define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+/* fp16 data: normal values times `amp`, a few outlier channels (x16). */
+static void rand_f16(tu_rng *r, uint16_t *dst, int n, int D, float amp) {
+    int o1 = tu_int(r, D), o2 = tu_int(r, D);
+    for (int i = 0; i < n; i++) {
+        int j = i % D;
+        float x = tu_normal(r) * amp * ((j == o1 || j == o2) ? 16.0f : 1.0f);
+        dst[i] = kkv_f16_store(x);
+    }
+}
+
+static void rand_f32(tu_rng *r, float *dst, int n) {
+    for (int i = 0; i < n; i++) dst[i] = tu_normal(r);
+}
+
+/* Special fp16 inputs for the flush: signed zeros, constant rows/channels,
+ * extremes, subnormals. kind 0: random. */
+static void special_f16(tu_rng *r, uint16_t *x, int G, int D, int kind) {
+    rand_f16(r, x, G * D, D, 1.0f);
+    for (int t = 0; t < G; t++)
+        for (int j = 0; j < D; j++) {
+            uint16_t *p = x + (size_t)t * D + j;
+            switch (kind) {
+            case 1: *p = (tu_int(r, 2) ? 0x8000u : 0x0000u); break;         /* +-0 only */
+            case 2: if (j % 3 == 0) *p = 0x3c00u; break;                     /* constant channels */
+            case 3: if (tu_int(r, 4) == 0) *p = tu_int(r, 2) ? 0x7bffu : 0xfbffu; break; /* +-65504 */
+            case 4: *p = (uint16_t)((tu_int(r, 2) ? 0x8000u : 0) | (unsigned)tu_int(r, 4)); break; /* subnormals */
+            case 5: if (t % 2) *p = (uint16_t)(*p ^ 0x8000u); if (j % 2 && tu_int(r, 3) == 0) *p = 0x8000u; break;
+            default: break;
+            }
+        }
+}
+
+/* ------------------------------------------------------------ primitives */
+
+typedef struct cmp_stats {
+    double worst; /* max |a - b| / M seen */
+} cmp_stats;
+
+static int close_to(float a, float b, double mag, cmp_stats *st) {
+    double e = fabs((double)a - (double)b);
+    double rel = mag > 0 ? e / mag : e;
+    if (rel > st->worst) st->worst = rel;
+    return e <= TOL_PRIM * mag + 1e-30;
+}
+
+static void test_qk_f16(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
+    for (int di = 0; di < NELEM(Ds); di++)
+        for (int ri = 0; ri < NELEM(REPS); ri++) {
+            int D = Ds[di], R = REPS[ri], N = 128;
+            uint16_t *kv = xmalloc((size_t)N * D * 2);
+            float *q = xmalloc((size_t)R * D * 4), *s0 = xmalloc((size_t)R * N * 4);
+            float *s1 = xmalloc((size_t)R * N * 4);
+            rand_f16(r, kv, N * D, D, 1.0f);
+            rand_f32(r, q, R * D);
+            for (int n = 1; n <= N && !tu_failed(); n += (n < 20 ? 1 : 7)) {
+                kkv_ops_scalar.qk_f16(s0, q, R, kv, n, D);
+                k->qk_f16(s1, q, R, kv, n, D);
+                int bad = 0;
+                for (int i = 0; i < R * n; i++) {
+                    int rr = i / n, t = i % n;
+                    double mag = 0;
+                    for (int j = 0; j < D; j++)
+                        mag += fabs((double)q[rr * D + j] * kkv_f16_to_f32(kv[t * D + j]));
+                    bad += !close_to(s1[i], s0[i], mag, st);
+                }
+                CHECK(!bad, "%s qk_f16 D=%d n_rep=%d n=%d: %d scores off", kkv_kernel_name(k->kind), D, R, n, bad);
+            }
+            free(kv), free(q), free(s0), free(s1);
+        }
+}
+
+static void test_pv_f16(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
+    for (int di = 0; di < NELEM(Ds); di++)
+        for (int ri = 0; ri < NELEM(REPS); ri++) {
+            int D = Ds[di], R = REPS[ri], N = 128;
+            uint16_t *v = xmalloc((size_t)N * D * 2);
+            float *p = xmalloc((size_t)R * N * 4), *a0 = xmalloc((size_t)R * D * 4);
+            float *a1 = xmalloc((size_t)R * D * 4), *a_in = xmalloc((size_t)R * D * 4);
+            rand_f16(r, v, N * D, D, 1.0f);
+            rand_f32(r, a_in, R * D);
+            for (int n = 1; n <= N && !tu_failed(); n += (n < 20 ? 1 : 7)) {
+                for (int i = 0; i < R * n; i++) p[i] = fabsf(tu_uniform(r));
+                memcpy(a0, a_in, (size_t)R * D * 4);
+                memcpy(a1, a_in, (size_t)R * D * 4);
+                kkv_ops_scalar.pv_f16(a0, p, R, v, n, D);
+                k->pv_f16(a1, p, R, v, n, D);
+                int bad = 0;
+                for (int i = 0; i < R * D; i++) {
+                    int rr = i / D, j = i % D;
+                    double mag = fabs(a_in[i]);
+                    for (int t = 0; t < n; t++) mag += p[rr * n + t] * fabs(kkv_f16_to_f32(v[t * D + j]));
+                    bad += !close_to(a1[i], a0[i], mag, st);
+                }
+                CHECK(!bad, "%s pv_f16 D=%d n_rep=%d n=%d: %d outputs off", kkv_kernel_name(k->kind), D, R, n, bad);
+            }
+            free(v), free(p), free(a0), free(a1), free(a_in);
+        }
+}
+
+static void test_qk_page(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
+    for (int di = 0; di < NELEM(Ds); di++)
+        for (int gi = 0; gi < NELEM(Gs); gi++) {
+            int D = Ds[di], G = Gs[gi];
+            float *x = xmalloc((size_t)G * D * 4), *kd = xmalloc((size_t)G * D * 4);
+            float *q = xmalloc((size_t)8 * D * 4);
+            float *s0 = xmalloc((size_t)8 * G * 4), *s1 = xmalloc((size_t)8 * G * 4);
+            uint8_t *page = xmalloc(kkv_key_page_bytes(D, G, D));
+            /* every n_boost for small D; a spread for large D keeps it fast */
+            for (int nb = 0; nb <= D && !tu_failed(); nb += (D <= 64 ? 1 : 5)) {
+                int R = REPS[tu_int(r, NELEM(REPS))];
+                for (int i = 0; i < G * D; i++)
+                    x[i] = tu_normal(r) * ((i % D) % 7 == 3 ? 10.0f : 1.0f);
+                rand_f32(r, q, R * D);
+                kkv_key_page_encode(page, x, D, G, nb, KKV_SELECT_RANDOM, 7, (uint64_t)nb, NULL);
+                kkv_key_page_decode(kd, page, D, G, nb);
+                kkv_ops_scalar.qk_page(s0, q, R, page, D, G, nb);
+                k->qk_page(s1, q, R, page, D, G, nb);
+                kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+                int bad = 0;
+                for (int i = 0; i < R * G; i++) {
+                    int rr = i / G, t = i % G;
+                    double mag = 0;
+                    for (int j = 0; j < D; j++) {
+                        double mn = fabs(kkv_f16_to_f32(kkv_ld16(page + L.mn + 2 * j)));
+                        mag += fabs((double)q[rr * D + j]) * (fabs((double)kd[t * D + j]) + mn);
+                    }
+                    bad += !close_to(s1[i], s0[i], mag, st);
+                }
+                CHECK(!bad, "%s qk_page D=%d G=%d nb=%d n_rep=%d: %d scores off", kkv_kernel_name(k->kind), D, G, nb, R, bad);
+            }
+            /* every n_rep at a mid boost */
+            for (int ri = 0; ri < NELEM(REPS); ri++) {
+                int R = REPS[ri], nb = D / 8;
+                rand_f32(r, q, R * D);
+                for (int i = 0; i < G * D; i++) x[i] = tu_normal(r);
+                kkv_key_page_encode(page, x, D, G, nb, KKV_SELECT_MAGNITUDE, 0, 0, NULL);
+                kkv_key_page_decode(kd, page, D, G, nb);
+                kkv_ops_scalar.qk_page(s0, q, R, page, D, G, nb);
+                k->qk_page(s1, q, R, page, D, G, nb);
+                kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+                int bad = 0;
+                for (int i = 0; i < R * G; i++) {
+                    double mag = 0;
+                    for (int j = 0; j < D; j++) {
+                        double mn = fabs(kkv_f16_to_f32(kkv_ld16(page + L.mn + 2 * j)));
+                        mag += fabs((double)q[(i / G) * D + j]) * (fabs((double)kd[(i % G) * D + j]) + mn);
+                    }
+                    bad += !close_to(s1[i], s0[i], mag, st);
+                }
+                CHECK(!bad, "%s qk_page D=%d G=%d n_rep=%d: %d scores off", kkv_kernel_name(k->kind), D, G, R, bad);
+            }
+            free(x), free(kd), free(q), free(s0), free(s1), free(page);
+        }
+}
+
+static void test_pv_page(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
+    for (int di = 0; di < NELEM(Ds); di++)
+        for (int gi = 0; gi < NELEM(Gs); gi++)
+            for (int bits = 2; bits <= 4; bits += 2)
+                for (int ri = 0; ri < NELEM(REPS) && !tu_failed(); ri++) {
+                    int D = Ds[di], G = Gs[gi], R = REPS[ri];
+                    float *x = xmalloc((size_t)G * D * 4), *vd = xmalloc((size_t)G * D * 4);
+                    float *p = xmalloc((size_t)R * G * 4), *a_in = xmalloc((size_t)R * D * 4);
+                    float *a0 = xmalloc((size_t)R * D * 4), *a1 = xmalloc((size_t)R * D * 4);
+                    uint8_t *page = xmalloc(kkv_value_page_bytes(D, G, bits));
+                    for (int i = 0; i < G * D; i++) x[i] = tu_normal(r) + 0.5f * (float)((i / D) % 5);
+                    kkv_value_page_encode(page, x, D, G, bits);
+                    kkv_value_page_decode(vd, page, D, G, bits);
+                    kkv_value_layout L = kkv_value_layout_of(D, G, bits);
+                    for (int i = 0; i < R * G; i++) p[i] = fabsf(tu_uniform(r));
+                    rand_f32(r, a_in, R * D);
+                    memcpy(a0, a_in, (size_t)R * D * 4);
+                    memcpy(a1, a_in, (size_t)R * D * 4);
+                    kkv_ops_scalar.pv_page(a0, p, R, page, D, G, bits);
+                    k->pv_page(a1, p, R, page, D, G, bits);
+                    int bad = 0;
+                    for (int i = 0; i < R * D; i++) {
+                        int rr = i / D, j = i % D;
+                        double mag = fabs(a_in[i]);
+                        for (int t = 0; t < G; t++) {
+                            double mn = fabs(kkv_f16_to_f32(kkv_ld16(page + L.mn + 2 * t)));
+                            mag += p[rr * G + t] * (fabs((double)vd[t * D + j]) + mn);
+                        }
+                        bad += !close_to(a1[i], a0[i], mag, st);
+                    }
+                    CHECK(!bad, "%s pv_page D=%d G=%d bits=%d n_rep=%d: %d outputs off", kkv_kernel_name(k->kind), D, G, bits, R, bad);
+                    free(x), free(vd), free(p), free(a_in), free(a0), free(a1), free(page);
+                }
+}
+
+static void test_softmax(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
+    int D = 64;
+    for (int ri = 0; ri < NELEM(REPS); ri++)
+        for (int n = 1; n <= 128 && !tu_failed(); n += (n < 20 ? 1 : 9)) {
+            int R = REPS[ri];
+            float s0[8 * 128], s1[8 * 128], ml0[16], ml1[16], a0[8 * 64], a1[8 * 64];
+            for (int step = 0; step < 3; step++) {
+                for (int i = 0; i < R * n; i++) s0[i] = s1[i] = tu_normal(r) * 30.0f;
+                if (step == 0) {
+                    for (int i = 0; i < R; i++) {
+                        ml0[2 * i] = ml1[2 * i] = -INFINITY;
+                        ml0[2 * i + 1] = ml1[2 * i + 1] = 0.0f;
+                    }
+                    for (int i = 0; i < R * D; i++) a0[i] = a1[i] = 0.0f;
+                } else {
+                    for (int i = 0; i < R * D; i++) a1[i] = a0[i] = tu_normal(r);
+                    for (int i = 0; i < 2 * R; i++) ml1[i] = ml0[i];
+                }
+                kkv_ops_scalar.softmax(s0, ml0, a0, R, n, D, 0.125f);
+                k->softmax(s1, ml1, a1, R, n, D, 0.125f);
+                int bad = 0;
+                for (int i = 0; i < R * n; i++) bad += !close_to(s1[i], s0[i], 1.0, st);
+                for (int i = 0; i < R * D; i++) bad += !close_to(a1[i], a0[i], fabs(a0[i]) + 1e-30, st);
+                for (int i = 0; i < R; i++) {
+                    bad += ml1[2 * i] != ml0[2 * i];
+                    bad += !close_to(ml1[2 * i + 1], ml0[2 * i + 1], fabs(ml0[2 * i + 1]), st);
+                }
+                CHECK(!bad, "%s softmax n_rep=%d n=%d step %d: %d values off", kkv_kernel_name(k->kind), R, n, step, bad);
+            }
+        }
+}
+
+static const kkv_select SELS[] = {KKV_SELECT_MAGNITUDE, KKV_SELECT_VARIANCE, KKV_SELECT_RANDOM,
+                                  KKV_SELECT_EXPLICIT};
+
+static void test_encode(const kkv_ops *k, tu_rng *r) {
+    for (int di = 0; di < NELEM(Ds); di++)
+        for (int gi = 0; gi < NELEM(Gs); gi++) {
+            int D = Ds[di], G = Gs[gi];
+            uint16_t *x = xmalloc((size_t)G * D * 2);
+            float *tmp = xmalloc((size_t)G * D * 4);
+            size_t kb = kkv_key_page_bytes(D, G, D), vb = kkv_value_page_bytes(D, G, 4);
+            uint8_t *p0 = xmalloc(kb > vb ? kb : vb), *p1 = xmalloc(kb > vb ? kb : vb);
+            uint8_t rank[KKV_MAX_HEAD_DIM];
+            for (int j = 0; j < D; j++) rank[j] = (uint8_t)(D - 1 - j);
+            for (int nb = 0; nb <= D && !tu_failed(); nb += (D <= 64 ? 1 : 3)) {
+                int kind = tu_int(r, 6);
+                kkv_select sel = SELS[nb % 4];
+                special_f16(r, x, G, D, kind);
+                memset(p0, 0xAA, kb);
+                memset(p1, 0x55, kb);
+                size_t bytes = kkv_key_page_bytes(D, G, nb);
+                kkv_ops_scalar.key_encode(p0, tmp, x, D, G, nb, sel, 11, (uint64_t)nb, rank);
+                k->key_encode(p1, tmp, x, D, G, nb, sel, 11, (uint64_t)nb, rank);
+                CHECK(memcmp(p0, p1, bytes) == 0, "%s key_encode D=%d G=%d nb=%d sel=%d kind=%d: bytes differ",
+                      kkv_kernel_name(k->kind), D, G, nb, (int)sel, kind);
+            }
+            for (int kind = 0; kind < 6; kind++)
+                for (int bits = 2; bits <= 4; bits += 2) {
+                    special_f16(r, x, G, D, kind);
+                    size_t bytes = kkv_value_page_bytes(D, G, bits);
+                    memset(p0, 0xAA, bytes);
+                    memset(p1, 0x55, bytes);
+                    kkv_ops_scalar.value_encode(p0, tmp, x, D, G, bits);
+                    k->value_encode(p1, tmp, x, D, G, bits);
+                    CHECK(memcmp(p0, p1, bytes) == 0, "%s value_encode D=%d G=%d bits=%d kind=%d: bytes differ",
+                          kkv_kernel_name(k->kind), D, G, bits, kind);
+                }
+            free(x), free(tmp), free(p0), free(p1);
+        }
+}
+
+/* ------------------------------------------------------------ end to end */
+
+/* softmax(q . k / sqrt(D)) v in double over n tokens. out: [D]; *mag gets
+ * sum p |v| / sum p per channel (max over channels). */
+static void ref_attend(double *out, double *mag, const float *q, const float *K, const float *V,
+                       int n, int D) {
+    double *s = xmalloc((size_t)n * sizeof *s), mx = -INFINITY, l = 0;
+    for (int t = 0; t < n; t++) {
+        double d = 0;
+        for (int j = 0; j < D; j++) d += (double)q[j] * K[(size_t)t * D + j];
+        s[t] = d / sqrt((double)D);
+        mx = s[t] > mx ? s[t] : mx;
+    }
+    for (int t = 0; t < n; t++) l += (s[t] = exp(s[t] - mx));
+    *mag = 0;
+    for (int j = 0; j < D; j++) {
+        double o = 0, m = 0;
+        for (int t = 0; t < n; t++) {
+            o += s[t] * V[(size_t)t * D + j];
+            m += s[t] * fabs(V[(size_t)t * D + j]);
+        }
+        out[j] = o / l;
+        *mag = m / l > *mag ? m / l : *mag;
+    }
+    free(s);
+}
+
+static kkv_cache *make_cache(const char *name, int H, int D, int threads) {
+    kkv_method m;
+    if (kkv_method_from_name(&m, name) != KKV_OK) return NULL;
+    kkv_cache_config cfg = {.n_layers = 1, .n_kv_heads = H, .head_dim = D,
+                            .pool_bytes = 64u << 20, .n_threads = threads, .method = m};
+    kkv_cache *c = NULL;
+    if (kkv_cache_create(&c, &cfg) != KKV_OK) return NULL;
+    return c;
+}
+
+static void test_end_to_end(int have_avx2, double *worst_ref, double *worst_k) {
+    static const int ratios[] = {1, 3, 4, 8}, dims[] = {64, 128};
+    const char *const *names = kkv_method_names();
+    tu_rng r = tu_rng_make(2024);
+    for (int mi = 0; names[mi]; mi++)
+        for (int ri = 0; ri < 4; ri++)
+            for (int di = 0; di < 2 && !tu_failed(); di++) {
+                int H = 2, n_rep = ratios[ri], D = dims[di], nq = H * n_rep;
+                kkv_cache *c1 = make_cache(names[mi], H, D, 1), *c2 = make_cache(names[mi], H, D, 2);
+                kkv_cache *cs = make_cache(names[mi], H, D, 1); /* scalar flush from the start */
+                CHECK(c1 && c2 && cs, "cache create %s: %s", names[mi], kkv_last_error());
+                if (!c1 || !c2 || !cs) return;
+                kkv_cache_set_kernel(cs, KKV_KERNEL_SCALAR);
+                if (have_avx2) {
+                    kkv_cache_set_kernel(c1, KKV_KERNEL_AVX2);
+                    kkv_cache_set_kernel(c2, KKV_KERNEL_AVX2);
+                }
+                int s1, s2, s3;
+                kkv_seq_add(c1, &s1);
+                kkv_seq_add(c2, &s2);
+                kkv_seq_add(cs, &s3);
+                const kkv_method *m = &kkv_cache_get_config(c1)->method;
+                int S = m->sink, G = m->group, R = m->window;
+                int checks[] = {S > 0 ? S : 1, S + G, S + G + 1, S + R + G, S + R + G + 5, 1000};
+                int n_max = 1000;
+                float *k = xmalloc((size_t)H * D * 4), *v = xmalloc((size_t)H * D * 4);
+                float *q = xmalloc((size_t)nq * D * 4), *o1 = xmalloc((size_t)nq * D * 4);
+                float *o2 = xmalloc((size_t)nq * D * 4), *os = xmalloc((size_t)nq * D * 4);
+                float *K = xmalloc((size_t)n_max * D * 4), *V = xmalloc((size_t)n_max * D * 4);
+                double *ref = xmalloc((size_t)D * sizeof *ref);
+                int ci = 0;
+                for (int t = 1; t <= n_max; t++) {
+                    for (int h = 0; h < H; h++)
+                        for (int j = 0; j < D; j++) {
+                            float amp = (j == 5 || j == D - 3) ? 12.0f : 1.0f; /* outlier channels */
+                            k[h * D + j] = tu_normal(&r) * amp;
+                            v[h * D + j] = tu_normal(&r);
+                        }
+                    kkv_append(c1, s1, 0, k, v);
+                    kkv_append(c2, s2, 0, k, v);
+                    kkv_append(cs, s3, 0, k, v);
+                    while (ci < 6 && checks[ci] < t) ci++;
+                    if (ci < 6 && checks[ci] == t) {
+                        rand_f32(&r, q, nq * D);
+                        kkv_attend(c1, o1, s1, 0, q, nq);
+                        kkv_attend(c2, o2, s2, 0, q, nq);
+                        CHECK(memcmp(o1, o2, (size_t)nq * D * 4) == 0,
+                              "%s n_rep=%d D=%d len=%d: 1 vs 2 threads differ", names[mi], n_rep, D, t);
+                        kkv_cache_set_kernel(c1, KKV_KERNEL_SCALAR);
+                        kkv_cache_set_kernel(c2, KKV_KERNEL_SCALAR);
+                        kkv_attend(c1, os, s1, 0, q, nq);
+                        kkv_attend(c2, o2, s2, 0, q, nq);
+                        CHECK(memcmp(os, o2, (size_t)nq * D * 4) == 0,
+                              "%s n_rep=%d D=%d len=%d: scalar 1 vs 2 threads differ", names[mi], n_rep, D, t);
+                        if (have_avx2) {
+                            kkv_cache_set_kernel(c1, KKV_KERNEL_AVX2);
+                            kkv_cache_set_kernel(c2, KKV_KERNEL_AVX2);
+                        }
+                        for (int h = 0; h < H; h++) {
+                            kkv_seq_read(c1, K, V, s1, 0, h);
+                            for (int rr = 0; rr < n_rep; rr++) {
+                                int qi = h * n_rep + rr;
+                                double mag;
+                                ref_attend(ref, &mag, q + (size_t)qi * D, K, V, t, D);
+                                int bad_ref = 0, bad_k = 0;
+                                for (int j = 0; j < D; j++) {
+                                    double e1 = fabs(o1[qi * D + j] - ref[j]) / mag;
+                                    double e2 = fabs((double)o1[qi * D + j] - os[qi * D + j]) / mag;
+                                    double e3 = fabs(os[qi * D + j] - ref[j]) / mag;
+                                    *worst_ref = fmax(*worst_ref, fmax(e1, e3));
+                                    *worst_k = fmax(*worst_k, e2);
+                                    bad_ref += e1 > TOL_REF || e3 > TOL_REF;
+                                    bad_k += e2 > TOL_PRIM;
+                                }
+                                CHECK(!bad_ref, "%s n_rep=%d D=%d len=%d head %d: %d channels off the double reference",
+                                      names[mi], n_rep, D, t, qi, bad_ref);
+                                CHECK(!bad_k, "%s n_rep=%d D=%d len=%d head %d: %d channels differ avx2 vs scalar",
+                                      names[mi], n_rep, D, t, qi, bad_k);
+                            }
+                        }
+                    }
+                    kkv_flush(c1, s1, 0);
+                    kkv_flush(c2, s2, 0);
+                    kkv_flush(cs, s3, 0);
+                }
+                /* pages written by the SIMD flush are the scalar flush's bytes */
+                if (!m->fp16) {
+                    size_t kb = kkv_key_page_bytes(D, G, kkv_method_boost(m, D));
+                    uint8_t *pa = xmalloc(kb), *pb = xmalloc(kb);
+                    int np = (n_max - S) / G, same = 1;
+                    for (int p = 0; p < np; p++)
+                        for (int h = 0; h < H; h++) {
+                            kkv_seq_key_page(c1, pa, kb, s1, 0, h, p);
+                            kkv_seq_key_page(cs, pb, kb, s3, 0, h, p);
+                            same &= memcmp(pa, pb, kb) == 0;
+                        }
+                    float *V2 = xmalloc((size_t)n_max * D * 4);
+                    for (int h = 0; h < H; h++) {
+                        kkv_seq_read(c1, NULL, V, s1, 0, h);
+                        kkv_seq_read(cs, NULL, V2, s3, 0, h);
+                        same &= memcmp(V, V2, (size_t)n_max * D * 4) == 0;
+                    }
+                    CHECK(same, "%s n_rep=%d D=%d: SIMD-flushed pages differ from scalar-flushed", names[mi], n_rep, D);
+                    free(pa), free(pb), free(V2);
+                }
+                free(k), free(v), free(q), free(o1), free(o2), free(os), free(K), free(V), free(ref);
+                kkv_cache_free(c1);
+                kkv_cache_free(c2);
+                kkv_cache_free(cs);
+            }
+}
+
+static void test_dispatch(void) {
+    const kkv_cpu *cpu = kkv_cpu_get();
+    kkv_kernel best = kkv_kernel_best();
+    kkv_kernel want = cpu->avx512 ? KKV_KERNEL_AVX512 : cpu->avx2 ? KKV_KERNEL_AVX2 : KKV_KERNEL_SCALAR;
+    CHECK(best == want, "best kernel %s, expected %s", kkv_kernel_name(best), kkv_kernel_name(want));
+    CHECK((kkv_ops_get(KKV_KERNEL_AVX2) != NULL) == (cpu->avx2 != 0), "avx2 table vs cpu");
+    CHECK((kkv_ops_get(KKV_KERNEL_AVX512) != NULL) == (cpu->avx512 != 0), "avx512 table vs cpu");
+    CHECK(kkv_ops_get(KKV_KERNEL_AUTO) == kkv_ops_get(best), "auto is best");
+    kkv_cache *c = make_cache("kitty", 1, 64, 1);
+    CHECK(c && kkv_cache_get_kernel(c) == best, "a new cache uses the best kernel");
+    if (c) {
+        CHECK((kkv_cache_set_kernel(c, KKV_KERNEL_AVX2) == KKV_OK) == (cpu->avx2 != 0), "set avx2");
+        CHECK((kkv_cache_set_kernel(c, KKV_KERNEL_AVX512) == KKV_OK) == (cpu->avx512 != 0), "set avx512");
+        CHECK(kkv_cache_set_kernel(c, KKV_KERNEL_SCALAR) == KKV_OK &&
+                  kkv_cache_get_kernel(c) == KKV_KERNEL_SCALAR, "set scalar");
+    }
+    kkv_cache_free(c);
+    const char *cap = getenv("KKV_CPU");
+    if (cap && strcmp(cap, "scalar") == 0) CHECK(best == KKV_KERNEL_SCALAR, "KKV_CPU=scalar caps dispatch");
+    if (cap && strcmp(cap, "avx2") == 0) CHECK(best != KKV_KERNEL_AVX512, "KKV_CPU=avx2 caps dispatch");
+}
+
+int main(void) {
+    test_dispatch();
+    const kkv_cpu *cpu = kkv_cpu_get();
+    const kkv_ops *tables[3] = {&kkv_ops_scalar, NULL, NULL};
+#if defined(__x86_64__)
+    if (cpu->avx2) tables[1] = kkv_ops_get(KKV_KERNEL_AVX2);
+    if (cpu->avx512) tables[2] = kkv_ops_get(KKV_KERNEL_AVX512);
+#endif
+    for (int i = 0; i < 3; i++) {
+        if (!tables[i]) {
+            printf("kernel %s: not on this CPU, skipped\n", i == 1 ? "avx2" : "avx512");
+            continue;
+        }
+        tu_rng r = tu_rng_make(1000 + (uint64_t)i);
+        cmp_stats st = {0};
+        test_qk_f16(tables[i], &r, &st);
+        test_pv_f16(tables[i], &r, &st);
+        test_qk_page(tables[i], &r, &st);
+        test_pv_page(tables[i], &r, &st);
+        test_softmax(tables[i], &r, &st);
+        test_encode(tables[i], &r);
+        printf("kernel %s: worst primitive error %.3g of magnitude (tolerance %g)\n",
+               kkv_kernel_name(tables[i]->kind), st.worst, TOL_PRIM);
+    }
+    double worst_ref = 0, worst_k = 0;
+    test_end_to_end(cpu->avx2, &worst_ref, &worst_k);
+    printf("end to end: worst error vs double reference %.3g (tol %g), avx2 vs scalar %.3g (tol %g)\n",
+           worst_ref, TOL_REF, worst_k, TOL_PRIM);
+    return tu_summary();
+}
