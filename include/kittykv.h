@@ -122,7 +122,8 @@ const char *const *kkv_method_names(void);
  * saying which field is wrong. head_dim must be a multiple of 4 in 4..256. */
 kkv_status kkv_method_check(const kkv_method *m, int head_dim);
 
-/* Number of boosted key channels: round(alpha * head_dim), 0..head_dim. */
+/* Number of boosted key channels: round(alpha * head_dim) with halves rounded
+ * up (alpha 0.125, D 20: 3), 0..head_dim. */
 int kkv_method_boost(const kkv_method *m, int head_dim);
 
 /* ---------------------------------------------------------------- page format */
@@ -177,9 +178,10 @@ void       kkv_cache_free(kkv_cache *c);
 /* The configuration the cache was created with. */
 const kkv_cache_config *kkv_cache_get_config(const kkv_cache *c);
 
-/* Adds an empty sequence; *seq gets its id. Its fp16 staging area (sink,
- * key Q-buffer, value window + Q-buffer for every layer and head) is taken
- * from the pool budget: KKV_ERR_POOL_FULL if it does not fit. */
+/* Adds an empty sequence; *seq gets its id (the lowest free one). Its fp16
+ * staging area (sink, key Q-buffer, value window + Q-buffer for every layer and
+ * head) is taken from the pool budget. KKV_ERR_POOL_FULL if it does not fit or
+ * all max_seqs ids are in use. */
 kkv_status kkv_seq_add(kkv_cache *c, int *seq);
 /* Frees a sequence and returns its pages and staging to the pool. */
 kkv_status kkv_seq_free(kkv_cache *c, int seq);
