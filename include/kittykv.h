@@ -45,6 +45,9 @@
  *   are clamped to +-65504 when they are stored in fp16.
  * - Determinism: the same inputs give bit-identical outputs whatever the thread
  *   count and however a prompt is split into chunks.
+ * - Threads: a cache or model uses its own worker threads inside a call, but one
+ *   cache (or model) must not be called from two threads at once. Distinct
+ *   caches and models are independent.
  */
 #ifndef KITTYKV_H
 #define KITTYKV_H

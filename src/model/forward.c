@@ -1,0 +1,187 @@
+/* The Llama forward pass over a kittykv cache.
+ *
+ * Tokens go through the model in chunks of at most KKV_MODEL_CHUNK. Within a
+ * chunk every matmul is batched over its tokens, but attention runs token by
+ * token in order: append its K/V, attend with its query, flush. That is
+ * exactly what single-token calls do, and every other op is per row with a
+ * result independent of the batch (kkv_matmul's contract), so a prefill gives
+ * bit-identical logits and cache contents however it is split (spec 6.5).
+ *
+ * The model's working buffers live in the model, so a model runs one forward
+ * pass at a time (not reentrant; use one model per thread). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+#include "model/model.h"
+#include "model/ops.h"
+
+/* Which sequence each row of a chunk belongs to, and where the chunk sits. */
+typedef struct chunk {
+    const int     *seqs;   /* [n] sequence of each row */
+    const int32_t *tokens; /* [n] */
+    int            n;      /* 1..KKV_MODEL_CHUNK */
+    float         *logits; /* [n_out][n_vocab] or NULL */
+    int            first_out; /* rows first_out..n-1 produce logits */
+} chunk;
+
+static kkv_status check_cache(const kkv_model *m, const kkv_cache *c) {
+    const kkv_cache_config *cfg = kkv_cache_get_config(c);
+    if (cfg->n_layers != m->info.n_layers || cfg->n_kv_heads != m->info.n_kv_heads ||
+        cfg->head_dim != m->info.head_dim)
+        return kkv_fail(KKV_ERR_INVALID_ARG,
+                        "forward: cache shape (%d layers, %d KV heads, head_dim %d) does "
+                        "not match the model (%d, %d, %d)",
+                        cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, m->info.n_layers,
+                        m->info.n_kv_heads, m->info.head_dim);
+    return KKV_OK;
+}
+
+static kkv_status check_tokens(const kkv_model *m, const int32_t *tokens, int n) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->info.n_vocab)
+            return kkv_fail(KKV_ERR_INVALID_ARG, "forward: token %d at index %d is outside "
+                            "the vocabulary (0..%d)", (int)tokens[i], i, m->info.n_vocab - 1);
+    return KKV_OK;
+}
+
+/* The sequence's length, which every layer must agree on (they differ only
+ * after a forward pass failed midway on non-finite activations). */
+static kkv_status seq_position(const kkv_model *m, const kkv_cache *c, int seq, int *len) {
+    int n0 = kkv_seq_len(c, seq, 0);
+    if (n0 < 0) return kkv_fail(KKV_ERR_NOT_FOUND, "forward: no sequence %d", seq);
+    for (int l = 1; l < m->info.n_layers; l++)
+        if (kkv_seq_len(c, seq, l) != n0)
+            return kkv_fail(KKV_ERR_INVALID_ARG, "forward: sequence %d has layers of unequal "
+                            "length (an earlier forward pass failed midway); free it", seq);
+    *len = n0;
+    return KKV_OK;
+}
+
+/* Row i of a [rows][cols] buffer. */
+static inline float *row(float *base, int i, int cols) {
+    return base + (size_t)i * (size_t)cols;
+}
+
+/* Runs one chunk through every layer. m->w.pos must hold each row's position.
+ * On a failing kkv_append/attend/flush (non-finite activations) the cache
+ * holds the layers done so far and the status is returned. */
+static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
+    const kkv_model_info *in = &m->info;
+    const kkv_model_work *w = &m->w;
+    const int n = ch->n, E = in->n_embd, F = in->n_ff;
+    const int QD = in->n_heads * in->head_dim, KD = in->n_kv_heads * in->head_dim;
+    const int RP = m->rope_pairs;
+
+    for (int i = 0; i < n; i++) {
+        kkv_wt_dequant_row(row(w->x, i, E), &m->tok_embd, ch->tokens[i]);
+        if (RP > 0)
+            kkv_op_rope_table(row(w->cs, i, RP), row(w->sn, i, RP), m->inv_freq, RP,
+                              w->pos[i]);
+    }
+    for (int l = 0; l < in->n_layers; l++) {
+        const kkv_layer *L = &m->layers[l];
+        for (int i = 0; i < n; i++)
+            kkv_op_rmsnorm(row(w->xn, i, E), row(w->x, i, E), L->attn_norm, E, in->rms_eps);
+        kkv_matmul(m->tp, w->q, &L->wq, w->xn, n);
+        kkv_matmul(m->tp, w->k, &L->wk, w->xn, n);
+        kkv_matmul(m->tp, w->v, &L->wv, w->xn, n);
+        for (int i = 0; i < n; i++) {
+            float *cs = row(w->cs, i, RP), *sn = row(w->sn, i, RP);
+            kkv_op_rope(row(w->q, i, QD), in->n_heads, in->head_dim, cs, sn, RP);
+            kkv_op_rope(row(w->k, i, KD), in->n_kv_heads, in->head_dim, cs, sn, RP);
+        }
+        /* Token by token, so each token sees the cache exactly as a
+         * single-token call would have left it. */
+        for (int i = 0; i < n; i++) {
+            int seq = ch->seqs[i];
+            KKV_TRY(kkv_append(c, seq, l, row(w->k, i, KD), row(w->v, i, KD)));
+            KKV_TRY(kkv_attend(c, row(w->att, i, QD), seq, l, row(w->q, i, QD), in->n_heads));
+            KKV_TRY(kkv_flush(c, seq, l));
+        }
+        kkv_matmul(m->tp, w->proj, &L->wo, w->att, n);
+        for (size_t j = 0; j < (size_t)n * E; j++) w->x[j] += w->proj[j];
+
+        for (int i = 0; i < n; i++)
+            kkv_op_rmsnorm(row(w->xn, i, E), row(w->x, i, E), L->ffn_norm, E, in->rms_eps);
+        kkv_matmul(m->tp, w->gate, &L->w_gate, w->xn, n);
+        kkv_matmul(m->tp, w->up, &L->w_up, w->xn, n);
+        for (int i = 0; i < n; i++) kkv_op_swiglu(row(w->gate, i, F), row(w->up, i, F), F);
+        kkv_matmul(m->tp, w->proj, &L->w_down, w->gate, n);
+        for (size_t j = 0; j < (size_t)n * E; j++) w->x[j] += w->proj[j];
+    }
+    if (ch->logits && ch->first_out < n) {
+        int n_out = n - ch->first_out;
+        for (int i = ch->first_out; i < n; i++)
+            kkv_op_rmsnorm(row(w->xn, i, E), row(w->x, i, E), m->output_norm, E, in->rms_eps);
+        kkv_matmul(m->tp, ch->logits, &m->output, row(w->xn, ch->first_out, E), n_out);
+    }
+    return KKV_OK;
+}
+
+kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
+                             const int32_t *tokens, int n, int all_logits) {
+    if (!m || !c || !tokens || n < 1)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "forward: NULL model/cache/tokens or n < 1");
+    KKV_TRY(check_cache(m, c));
+    KKV_TRY(check_tokens(m, tokens, n));
+    int len = 0;
+    KKV_TRY(seq_position(m, c, seq, &len));
+    /* Everything the n tokens need, now: a full pool fails here, untouched. */
+    KKV_TRY(kkv_seq_reserve(c, seq, n));
+
+    int seqs[KKV_MODEL_CHUNK]; /* [C] all the same sequence */
+    for (int i = 0; i < KKV_MODEL_CHUNK; i++) seqs[i] = seq;
+    const size_t V = (size_t)m->info.n_vocab;
+    for (int done = 0; done < n;) {
+        int cn = n - done < KKV_MODEL_CHUNK ? n - done : KKV_MODEL_CHUNK;
+        int last = done + cn == n;
+        chunk ch = {seqs, tokens + done, cn, NULL, cn};
+        if (logits && all_logits) {
+            ch.logits = logits + (size_t)done * V;
+            ch.first_out = 0;
+        } else if (logits && last) {
+            ch.logits = logits;
+            ch.first_out = cn - 1;
+        }
+        for (int i = 0; i < cn; i++) m->w.pos[i] = (int64_t)len + done + i;
+        KKV_TRY(run_chunk(m, c, &ch));
+        done += cn;
+    }
+    return KKV_OK;
+}
+
+/* Pool policy of a decode batch: every sequence is reserved one token before
+ * anything runs. kkv_seq_reserve only allocates, so when sequence j cannot be
+ * reserved the pages already reserved for sequences before j stay with them;
+ * that is harmless -- they are the pages those sequences' next token needs
+ * and go back to the pool with kkv_seq_free -- and no token is appended to
+ * any sequence, so every length and all cached K/V are as they were. */
+kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
+                                  const int *seqs, const int32_t *tokens, int n) {
+    if (!m || !c || !seqs || !tokens || n < 1)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "decode batch: NULL argument or n < 1");
+    KKV_TRY(check_cache(m, c));
+    KKV_TRY(check_tokens(m, tokens, n));
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (seqs[i] == seqs[j])
+                return kkv_fail(KKV_ERR_INVALID_ARG, "decode batch: sequence %d appears "
+                                "twice (at %d and %d)", seqs[i], j, i);
+    int *lens = calloc((size_t)n, sizeof *lens); /* [n] */
+    if (!lens) return kkv_fail(KKV_ERR_NOMEM, "decode batch: out of memory");
+    kkv_status s = KKV_OK;
+    for (int i = 0; i < n && s == KKV_OK; i++) s = seq_position(m, c, seqs[i], &lens[i]);
+    for (int i = 0; i < n && s == KKV_OK; i++) s = kkv_seq_reserve(c, seqs[i], 1);
+    const size_t V = (size_t)m->info.n_vocab;
+    for (int done = 0; done < n && s == KKV_OK;) {
+        int cn = n - done < KKV_MODEL_CHUNK ? n - done : KKV_MODEL_CHUNK;
+        chunk ch = {seqs + done, tokens + done, cn, logits ? logits + (size_t)done * V : NULL,
+                    0};
+        for (int i = 0; i < cn; i++) m->w.pos[i] = lens[done + i];
+        s = run_chunk(m, c, &ch);
+        done += cn;
+    }
+    free(lens);
+    return s;
+}

@@ -1,0 +1,317 @@
+/* Loading a GGUF Llama model: hyperparameters from metadata, every tensor
+ * shape and type checked up front so the forward pass never has to, the
+ * tokenizer, the matmul thread pool and the fixed working buffers. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+#include "model/ops.h"
+
+/* Generous sanity bounds: they only stop absurd metadata from driving huge
+ * allocations or int overflow in buffer sizes. */
+#define MAX_LAYERS 4096
+#define MAX_EMBD   (1 << 16)
+#define MAX_FF     (1 << 20)
+#define MAX_HEADS  1024
+#define MAX_VOCAB  (1 << 24)
+
+static void copy_str(char *dst, size_t cap, kkv_gguf_str s) {
+    size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
+    memcpy(dst, s.ptr, n);
+    dst[n] = 0;
+}
+
+/* An integer hyperparameter in [lo, hi]; dflt when absent and not required. */
+static kkv_status get_int(const kkv_gguf *g, const char *key, int *out, int64_t lo,
+                          int64_t hi, int required, int dflt) {
+    int64_t v;
+    kkv_status s = kkv_gguf_get_i64(g, key, &v);
+    if (s == KKV_ERR_NOT_FOUND && !required) {
+        *out = dflt;
+        return KKV_OK;
+    }
+    if (s == KKV_ERR_NOT_FOUND)
+        return kkv_fail(KKV_ERR_FORMAT, "model: missing metadata key '%s'", key);
+    if (s != KKV_OK) return kkv_fail(KKV_ERR_FORMAT, "model: metadata '%s' is not an integer",
+                                     key);
+    if (v < lo || v > hi)
+        return kkv_fail(KKV_ERR_FORMAT, "model: metadata '%s' = %lld out of range %lld..%lld",
+                        key, (long long)v, (long long)lo, (long long)hi);
+    *out = (int)v;
+    return KKV_OK;
+}
+
+static kkv_status get_float(const kkv_gguf *g, const char *key, float *out, int required,
+                            float dflt) {
+    kkv_status s = kkv_gguf_get_f32(g, key, out);
+    if (s == KKV_ERR_NOT_FOUND && !required) {
+        *out = dflt;
+        return KKV_OK;
+    }
+    if (s == KKV_ERR_NOT_FOUND)
+        return kkv_fail(KKV_ERR_FORMAT, "model: missing metadata key '%s'", key);
+    if (s != KKV_OK)
+        return kkv_fail(KKV_ERR_FORMAT, "model: metadata '%s' is not a float", key);
+    if (!isfinite(*out) || *out <= 0.0f)
+        return kkv_fail(KKV_ERR_FORMAT, "model: metadata '%s' = %g must be positive", key,
+                        (double)*out);
+    return KKV_OK;
+}
+
+/* Finds a tensor and checks it is a [rows][cols] matrix of a type matmul
+ * supports (rows = 1 and n_dims = 1 for vectors). */
+static kkv_status get_tensor(const kkv_gguf *g, kkv_weight *w, const char *name,
+                             int64_t rows, int64_t cols, int vector) {
+    const kkv_gguf_tensor *t = kkv_gguf_find_tensor(g, name);
+    if (!t) return kkv_fail(KKV_ERR_FORMAT, "model: missing tensor '%s'", name);
+    int64_t got_rows = t->ne[1];
+    int ok = t->ne[0] == cols && t->ne[2] == 1 && t->ne[3] == 1 &&
+             (vector ? got_rows == 1 : got_rows == rows);
+    if (!ok)
+        return kkv_fail(KKV_ERR_FORMAT,
+                        "model: tensor '%s' has shape [%lld, %lld, %lld, %lld], want "
+                        "[%lld, %lld]",
+                        name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                        (long long)t->ne[3], (long long)cols, (long long)(vector ? 1 : rows));
+    if (!kkv_wt_supported(t->type))
+        return kkv_fail(KKV_ERR_UNSUPPORTED,
+                        "model: tensor '%s' has type %s (%u), which this build cannot "
+                        "compute with",
+                        name, kkv_wt_name(t->type) ? kkv_wt_name(t->type) : "?", t->type);
+    int be = kkv_wt_block_elems(t->type);
+    size_t bb = kkv_wt_block_bytes(t->type);
+    if (be <= 0 || bb == 0 || cols % be != 0)
+        return kkv_fail(KKV_ERR_FORMAT, "model: tensor '%s' row length %lld is not a multiple "
+                        "of the %s block (%d)", name, (long long)cols, kkv_wt_name(t->type), be);
+    w->type = t->type;
+    w->rows = vector ? 1 : rows;
+    w->cols = cols;
+    w->row_bytes = (size_t)(cols / be) * bb;
+    w->data = t->data;
+    if (t->nbytes < w->row_bytes * (uint64_t)w->rows)
+        return kkv_fail(KKV_ERR_FORMAT, "model: tensor '%s' is truncated", name);
+    return KKV_OK;
+}
+
+/* A norm vector widened to an owned fp32 array [n]. */
+static kkv_status get_norm(const kkv_gguf *g, float **out, const char *name, int n) {
+    kkv_weight w;
+    KKV_TRY(get_tensor(g, &w, name, 1, n, 1));
+    *out = malloc((size_t)n * sizeof(float));
+    if (!*out) return kkv_fail(KKV_ERR_NOMEM, "model: out of memory");
+    kkv_wt_dequant_row(*out, &w, 0);
+    for (int i = 0; i < n; i++)
+        if (!isfinite((*out)[i]))
+            return kkv_fail(KKV_ERR_FORMAT, "model: tensor '%s' has non-finite values", name);
+    return KKV_OK;
+}
+
+static kkv_status read_hparams(kkv_model *m) {
+    const kkv_gguf *g = m->gguf;
+    kkv_model_info *in = &m->info;
+    kkv_gguf_str s;
+    kkv_status st = kkv_gguf_get_str(g, "general.architecture", &s);
+    if (st != KKV_OK)
+        return kkv_fail(KKV_ERR_FORMAT, "model: missing or bad 'general.architecture'");
+    copy_str(in->arch, sizeof in->arch, s);
+    if (!kkv_gguf_str_eq(s, "llama"))
+        return kkv_fail(KKV_ERR_UNSUPPORTED, "unsupported architecture '%.*s'",
+                        (int)(s.len > 64 ? 64 : s.len), s.ptr);
+    if (kkv_gguf_get_str(g, "general.name", &s) == KKV_OK) copy_str(in->name, sizeof in->name, s);
+
+    KKV_TRY(get_int(g, "llama.block_count", &in->n_layers, 1, MAX_LAYERS, 1, 0));
+    KKV_TRY(get_int(g, "llama.embedding_length", &in->n_embd, 1, MAX_EMBD, 1, 0));
+    KKV_TRY(get_int(g, "llama.feed_forward_length", &in->n_ff, 1, MAX_FF, 1, 0));
+    KKV_TRY(get_int(g, "llama.attention.head_count", &in->n_heads, 1, MAX_HEADS, 1, 0));
+    KKV_TRY(get_int(g, "llama.attention.head_count_kv", &in->n_kv_heads, 1, MAX_HEADS, 0,
+                    in->n_heads));
+    KKV_TRY(get_int(g, "llama.context_length", &in->n_ctx_train, 0, INT32_MAX, 0, 0));
+    KKV_TRY(get_float(g, "llama.rope.freq_base", &in->rope_theta, 0, 10000.0f));
+    KKV_TRY(get_float(g, "llama.attention.layer_norm_rms_epsilon", &in->rms_eps, 1, 0));
+    if (in->n_heads % in->n_kv_heads != 0)
+        return kkv_fail(KKV_ERR_FORMAT, "model: %d query heads are not a multiple of %d KV "
+                        "heads", in->n_heads, in->n_kv_heads);
+    int hd = in->n_embd / in->n_heads;
+    if (in->n_embd % in->n_heads != 0) hd = 0; /* then key_length must say */
+    KKV_TRY(get_int(g, "llama.attention.key_length", &in->head_dim, 1, 1 << 16, 0, hd));
+    int vlen;
+    KKV_TRY(get_int(g, "llama.attention.value_length", &vlen, 1, 1 << 16, 0, in->head_dim));
+    if (in->head_dim == 0)
+        return kkv_fail(KKV_ERR_FORMAT, "model: embedding %d is not divisible by %d heads",
+                        in->n_embd, in->n_heads);
+    if (vlen != in->head_dim)
+        return kkv_fail(KKV_ERR_UNSUPPORTED, "model: value length %d differs from key length "
+                        "%d", vlen, in->head_dim);
+    if (in->head_dim % 4 != 0 || in->head_dim > KKV_MAX_HEAD_DIM)
+        return kkv_fail(KKV_ERR_UNSUPPORTED, "model: head dimension %d (the cache needs a "
+                        "multiple of 4 up to %d)", in->head_dim, KKV_MAX_HEAD_DIM);
+    int rope_dims;
+    KKV_TRY(get_int(g, "llama.rope.dimension_count", &rope_dims, 0, in->head_dim, 0,
+                    in->head_dim));
+    if (rope_dims % 2 != 0)
+        return kkv_fail(KKV_ERR_FORMAT, "model: odd rope dimension count %d", rope_dims);
+    m->rope_pairs = rope_dims / 2;
+    return KKV_OK;
+}
+
+static kkv_status load_tensors(kkv_model *m) {
+    const kkv_gguf *g = m->gguf;
+    kkv_model_info *in = &m->info;
+    const kkv_gguf_tensor *te = kkv_gguf_find_tensor(g, "token_embd.weight");
+    if (!te) return kkv_fail(KKV_ERR_FORMAT, "model: missing tensor 'token_embd.weight'");
+    if (te->ne[1] < 1 || te->ne[1] > MAX_VOCAB)
+        return kkv_fail(KKV_ERR_FORMAT, "model: vocabulary size %lld out of range",
+                        (long long)te->ne[1]);
+    in->n_vocab = (int)te->ne[1];
+    int64_t vs;
+    if (kkv_gguf_get_i64(g, "llama.vocab_size", &vs) == KKV_OK && vs != in->n_vocab)
+        return kkv_fail(KKV_ERR_FORMAT, "model: llama.vocab_size %lld but token_embd has %d "
+                        "rows", (long long)vs, in->n_vocab);
+    KKV_TRY(get_tensor(g, &m->tok_embd, "token_embd.weight", in->n_vocab, in->n_embd, 0));
+    if (kkv_gguf_find_tensor(g, "output.weight"))
+        KKV_TRY(get_tensor(g, &m->output, "output.weight", in->n_vocab, in->n_embd, 0));
+    else
+        m->output = m->tok_embd; /* tied embeddings */
+    KKV_TRY(get_norm(g, &m->output_norm, "output_norm.weight", in->n_embd));
+
+    m->layers = calloc((size_t)in->n_layers, sizeof *m->layers);
+    if (!m->layers) return kkv_fail(KKV_ERR_NOMEM, "model: out of memory");
+    int64_t qd = (int64_t)in->n_heads * in->head_dim;
+    int64_t kvd = (int64_t)in->n_kv_heads * in->head_dim;
+    for (int l = 0; l < in->n_layers; l++) {
+        kkv_layer *L = &m->layers[l];
+        char name[64];
+#define T(field, suffix, rows, cols)                                                   \
+        snprintf(name, sizeof name, "blk.%d." suffix ".weight", l);                     \
+        KKV_TRY(get_tensor(g, &L->field, name, rows, cols, 0))
+        T(wq, "attn_q", qd, in->n_embd);
+        T(wk, "attn_k", kvd, in->n_embd);
+        T(wv, "attn_v", kvd, in->n_embd);
+        T(wo, "attn_output", in->n_embd, qd);
+        T(w_gate, "ffn_gate", in->n_ff, in->n_embd);
+        T(w_up, "ffn_up", in->n_ff, in->n_embd);
+        T(w_down, "ffn_down", in->n_embd, in->n_ff);
+#undef T
+        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
+        KKV_TRY(get_norm(g, &L->attn_norm, name, in->n_embd));
+        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
+        KKV_TRY(get_norm(g, &L->ffn_norm, name, in->n_embd));
+    }
+    for (uint64_t i = 0; i < kkv_gguf_n_tensors(g); i++)
+        in->weight_bytes += kkv_gguf_tensor_at(g, i)->nbytes;
+    return KKV_OK;
+}
+
+/* One block for all working buffers of KKV_MODEL_CHUNK tokens. */
+static kkv_status alloc_work(kkv_model *m) {
+    const kkv_model_info *in = &m->info;
+    size_t C = KKV_MODEL_CHUNK;
+    size_t qd = (size_t)in->n_heads * in->head_dim;
+    size_t kvd = (size_t)in->n_kv_heads * in->head_dim;
+    size_t rp = (size_t)(m->rope_pairs > 0 ? m->rope_pairs : 1);
+    size_t floats = C * (3 * (size_t)in->n_embd + 2 * qd + 2 * kvd + 2 * (size_t)in->n_ff +
+                         2 * rp);
+    m->work_mem = malloc(floats * sizeof(float));
+    m->w.pos = malloc(C * sizeof *m->w.pos);
+    m->inv_freq = malloc(rp * sizeof *m->inv_freq);
+    if (!m->work_mem || !m->w.pos || !m->inv_freq)
+        return kkv_fail(KKV_ERR_NOMEM, "model: out of memory for working buffers");
+    float *p = m->work_mem;
+    m->w.x = p, p += C * in->n_embd;
+    m->w.xn = p, p += C * in->n_embd;
+    m->w.proj = p, p += C * in->n_embd;
+    m->w.q = p, p += C * qd;
+    m->w.att = p, p += C * qd;
+    m->w.k = p, p += C * kvd;
+    m->w.v = p, p += C * kvd;
+    m->w.gate = p, p += C * in->n_ff;
+    m->w.up = p, p += C * in->n_ff;
+    m->w.cs = p, p += C * rp;
+    m->w.sn = p;
+    kkv_op_rope_freqs(m->inv_freq, 2 * m->rope_pairs, in->rope_theta);
+    return KKV_OK;
+}
+
+kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads) {
+    if (!out) return kkv_fail(KKV_ERR_INVALID_ARG, "model: out is NULL");
+    *out = NULL;
+    if (!path) return kkv_fail(KKV_ERR_INVALID_ARG, "model: path is NULL");
+    if (n_threads < 0)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "model: n_threads %d is negative", n_threads);
+    kkv_model *m = calloc(1, sizeof *m);
+    if (!m) return kkv_fail(KKV_ERR_NOMEM, "model: out of memory");
+    kkv_status s = kkv_gguf_open(&m->gguf, path);
+    if (s == KKV_OK) s = read_hparams(m);
+    if (s == KKV_OK) s = load_tensors(m);
+    if (s == KKV_OK) s = kkv_tok_from_gguf(&m->tok, m->gguf);
+    if (s == KKV_OK) s = alloc_work(m);
+    if (s == KKV_OK) s = kkv_tp_create(&m->tp, n_threads ? n_threads : kkv_cpu_count());
+    if (s != KKV_OK) {
+        kkv_model_free(m);
+        return s;
+    }
+    m->info.bos = kkv_tok_bos(m->tok);
+    m->info.eos = kkv_tok_eos(m->tok);
+    m->info.eot = kkv_tok_eot(m->tok);
+    *out = m;
+    return KKV_OK;
+}
+
+void kkv_model_free(kkv_model *m) {
+    if (!m) return;
+    if (m->layers) {
+        for (int l = 0; l < m->info.n_layers; l++) {
+            free(m->layers[l].attn_norm);
+            free(m->layers[l].ffn_norm);
+        }
+        free(m->layers);
+    }
+    free(m->output_norm);
+    free(m->work_mem);
+    free(m->w.pos);
+    free(m->inv_freq);
+    kkv_tp_free(m->tp);
+    kkv_tok_free(m->tok);
+    kkv_gguf_close(m->gguf);
+    free(m);
+}
+
+void kkv_model_get_info(const kkv_model *m, kkv_model_info *out) {
+    if (!out) return;
+    if (!m) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
+    *out = m->info;
+}
+
+kkv_cache_config kkv_model_cache_config(const kkv_model *m, const kkv_method *method,
+                                        size_t pool_bytes) {
+    kkv_cache_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    if (!m) return cfg;
+    cfg.n_layers = m->info.n_layers;
+    cfg.n_kv_heads = m->info.n_kv_heads;
+    cfg.head_dim = m->info.head_dim;
+    cfg.pool_bytes = pool_bytes;
+    /* Attention uses as many threads as the matmuls; the two never overlap. */
+    cfg.n_threads = kkv_tp_size(m->tp);
+    if (method) cfg.method = *method;
+    return cfg;
+}
+
+kkv_status kkv_tokenize(const kkv_model *m, int32_t *tokens, int cap, int *n_out,
+                        const char *text, size_t len, int add_bos, int special) {
+    if (!m) return kkv_fail(KKV_ERR_INVALID_ARG, "tokenize: model is NULL");
+    return kkv_tok_encode(m->tok, tokens, cap, n_out, text, len, add_bos, special);
+}
+
+kkv_status kkv_token_piece(const kkv_model *m, char *buf, size_t cap, size_t *n_out,
+                           int32_t token) {
+    if (!m) return kkv_fail(KKV_ERR_INVALID_ARG, "token piece: model is NULL");
+    return kkv_tok_piece(m->tok, buf, cap, n_out, token);
+}

@@ -1,0 +1,65 @@
+/* The loaded model, shared by model.c (loading, tokenizer wrappers) and
+ * forward.c (the forward pass). Weights stay in the GGUF mapping in their
+ * quantized blocks; only the small norm vectors are widened to fp32. */
+#ifndef KKV_MODEL_MODEL_H
+#define KKV_MODEL_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/threads.h"
+#include "kittykv.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "model/weights.h"
+
+/* Tokens the forward pass processes per internal step. Working buffers are
+ * sized for this many tokens once, at load time, and longer calls are split
+ * into chunks of this size: results do not depend on the split (every op is
+ * per row, and the cache sees tokens one by one either way). */
+#define KKV_MODEL_CHUNK 64
+
+typedef struct kkv_layer {
+    float     *attn_norm; /* [n_embd], owned */
+    float     *ffn_norm;  /* [n_embd], owned */
+    kkv_weight wq;        /* [n_heads*head_dim][n_embd]    */
+    kkv_weight wk;        /* [n_kv_heads*head_dim][n_embd] */
+    kkv_weight wv;        /* [n_kv_heads*head_dim][n_embd] */
+    kkv_weight wo;        /* [n_embd][n_heads*head_dim]    */
+    kkv_weight w_gate;    /* [n_ff][n_embd] */
+    kkv_weight w_up;      /* [n_ff][n_embd] */
+    kkv_weight w_down;    /* [n_embd][n_ff] */
+} kkv_layer;
+
+/* Working buffers for up to KKV_MODEL_CHUNK tokens (C below), one allocation. */
+typedef struct kkv_model_work {
+    float  *x;     /* [C][n_embd] residual stream          */
+    float  *xn;    /* [C][n_embd] normed input of a block  */
+    float  *q;     /* [C][n_heads*head_dim]                */
+    float  *k;     /* [C][n_kv_heads*head_dim]             */
+    float  *v;     /* [C][n_kv_heads*head_dim]             */
+    float  *att;   /* [C][n_heads*head_dim] attention out  */
+    float  *proj;  /* [C][n_embd] block output             */
+    float  *gate;  /* [C][n_ff]                            */
+    float  *up;    /* [C][n_ff]                            */
+    float  *cs;    /* [C][rope_pairs] cos per token        */
+    float  *sn;    /* [C][rope_pairs] sin per token        */
+    int64_t *pos;  /* [C] position of each token           */
+} kkv_model_work;
+
+struct kkv_model {
+    kkv_gguf      *gguf;       /* owns the mapping the weights point into */
+    kkv_tok       *tok;
+    kkv_tp        *tp;         /* matmul threads; NULL = caller only */
+    kkv_model_info info;
+    int            rope_pairs; /* rope.dimension_count / 2 */
+    double        *inv_freq;   /* [rope_pairs] */
+    kkv_weight     tok_embd;   /* [n_vocab][n_embd] */
+    kkv_weight     output;     /* [n_vocab][n_embd]; tok_embd when tied */
+    float         *output_norm; /* [n_embd], owned */
+    kkv_layer     *layers;     /* [n_layers] */
+    kkv_model_work w;
+    float         *work_mem;   /* backing store of w (one block) */
+};
+
+#endif

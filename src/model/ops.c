@@ -1,0 +1,61 @@
+/* Scalar reference versions of the elementwise ops of the forward pass. A
+ * vectorized variant may replace one only if it returns identical bits. */
+#include "model/ops.h"
+
+#include <math.h>
+
+void kkv_op_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    /* double keeps the norm independent of n-dependent fp32 rounding drift. */
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+void kkv_op_rope_freqs(double *inv_freq, int rope_dims, float base) {
+    for (int i = 0; i < rope_dims / 2; i++)
+        inv_freq[i] = pow((double)base, -2.0 * (double)i / (double)rope_dims);
+}
+
+void kkv_op_rope_table(float *cs, float *sn, const double *inv_freq, int n_pairs,
+                       int64_t pos) {
+    for (int i = 0; i < n_pairs; i++) {
+        double a = (double)pos * inv_freq[i];
+        cs[i] = (float)cos(a);
+        sn[i] = (float)sin(a);
+    }
+}
+
+void kkv_op_rope(float *x, int n_heads, int head_dim, const float *cs, const float *sn,
+                 int n_pairs) {
+    for (int h = 0; h < n_heads; h++) {
+        float *r = x + (long)h * head_dim; /* [head_dim] */
+        for (int i = 0; i < n_pairs; i++) {
+            float a = r[2 * i], b = r[2 * i + 1];
+            r[2 * i] = a * cs[i] - b * sn[i];
+            r[2 * i + 1] = a * sn[i] + b * cs[i];
+        }
+    }
+}
+
+void kkv_op_swiglu(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void kkv_op_softmax(float *x, int n) {
+    float mx = x[kkv_op_argmax(x, n)];
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+int kkv_op_argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best] || (x[best] != x[best] && x[i] == x[i])) best = i;
+    return best;
+}

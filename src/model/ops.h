@@ -1,0 +1,39 @@
+/* Scalar elementwise helpers of the Llama forward pass: RMSNorm, rotary
+ * position embedding (normal, non-NeoX pairing), SwiGLU gate, softmax.
+ * Each works on one row at a time and its result depends only on that row,
+ * which keeps the forward pass independent of batch and chunk size. */
+#ifndef KKV_MODEL_OPS_H
+#define KKV_MODEL_OPS_H
+
+#include <stdint.h>
+
+/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]. out, x, w: [n]; out may be x.
+ * The sum of squares is accumulated in double, in index order. */
+void kkv_op_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+
+/* Rotation table of one position: cs[i] = cos(pos * inv_freq[i]),
+ * sn[i] = sin(...), i < n_pairs, with inv_freq[i] = base^(-2i / rope_dims)
+ * (computed by kkv_op_rope_freqs). Angles are evaluated in double.
+ * cs, sn: [n_pairs]; inv_freq: [n_pairs]. */
+void kkv_op_rope_table(float *cs, float *sn, const double *inv_freq, int n_pairs,
+                       int64_t pos);
+/* inv_freq: [rope_dims / 2], inv_freq[i] = base^(-2i / rope_dims). */
+void kkv_op_rope_freqs(double *inv_freq, int rope_dims, float base);
+
+/* Rotates the first 2*n_pairs dims of every head in place, pairs (2i, 2i+1):
+ *   (a, b) -> (a cos - b sin, a sin + b cos).
+ * x: [n_heads][head_dim]; cs, sn: [n_pairs] from kkv_op_rope_table. */
+void kkv_op_rope(float *x, int n_heads, int head_dim, const float *cs, const float *sn,
+                 int n_pairs);
+
+/* g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u. g, u: [n]. */
+void kkv_op_swiglu(float *g, const float *u, int n);
+
+/* x[i] = exp(x[i] - max) / sum, in place, sum in double. x: [n], n >= 1. */
+void kkv_op_softmax(float *x, int n);
+
+/* Index of the largest x[i], ties to the lowest index; NaN never wins.
+ * x: [n], n >= 1. */
+int kkv_op_argmax(const float *x, int n);
+
+#endif
