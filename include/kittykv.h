@@ -296,6 +296,12 @@ typedef struct kkv_model_info {
 kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads);
 void       kkv_model_free(kkv_model *m);
 void       kkv_model_get_info(const kkv_model *m, kkv_model_info *out);
+/* exact = 1: matmuls dequantize each weight row and take the fp32
+ * activations as they are, instead of rounding them to 8-bit blocks (the fast
+ * default, as ggml does). Slower; for checking against a full-precision
+ * reference, where the rounding's step function makes trajectories drift. */
+kkv_status kkv_model_set_exact_matmul(kkv_model *m, int exact);
+
 /* A cache config with the model's shape, the method and the budget. */
 kkv_cache_config kkv_model_cache_config(const kkv_model *m, const kkv_method *method,
                                         size_t pool_bytes);

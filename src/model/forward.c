@@ -58,6 +58,12 @@ static kkv_status seq_position(const kkv_model *m, const kkv_cache *c, int seq, 
     return KKV_OK;
 }
 
+/* out: [n][w->rows] = x @ w^T with the model's matmul arithmetic. The only
+ * failure is running out of scratch memory. */
+static kkv_status mm(const kkv_model *m, float *out, const kkv_weight *w, const float *x, int n) {
+    return kkv_matmul_ex(m->tp, out, w, x, n, m->matmul_impl);
+}
+
 /* Row i of a [rows][cols] buffer. */
 static inline float *row(float *base, int i, int cols) {
     return base + (size_t)i * (size_t)cols;
@@ -83,9 +89,9 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
         const kkv_layer *L = &m->layers[l];
         for (int i = 0; i < n; i++)
             kkv_op_rmsnorm(row(w->xn, i, E), row(w->x, i, E), L->attn_norm, E, in->rms_eps);
-        kkv_matmul(m->tp, w->q, &L->wq, w->xn, n);
-        kkv_matmul(m->tp, w->k, &L->wk, w->xn, n);
-        kkv_matmul(m->tp, w->v, &L->wv, w->xn, n);
+        KKV_TRY(mm(m, w->q, &L->wq, w->xn, n));
+        KKV_TRY(mm(m, w->k, &L->wk, w->xn, n));
+        KKV_TRY(mm(m, w->v, &L->wv, w->xn, n));
         for (int i = 0; i < n; i++) {
             float *cs = row(w->cs, i, RP), *sn = row(w->sn, i, RP);
             kkv_op_rope(row(w->q, i, QD), in->n_heads, in->head_dim, cs, sn, RP);
@@ -99,22 +105,22 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
             KKV_TRY(kkv_attend(c, row(w->att, i, QD), seq, l, row(w->q, i, QD), in->n_heads));
             KKV_TRY(kkv_flush(c, seq, l));
         }
-        kkv_matmul(m->tp, w->proj, &L->wo, w->att, n);
+        KKV_TRY(mm(m, w->proj, &L->wo, w->att, n));
         for (size_t j = 0; j < (size_t)n * E; j++) w->x[j] += w->proj[j];
 
         for (int i = 0; i < n; i++)
             kkv_op_rmsnorm(row(w->xn, i, E), row(w->x, i, E), L->ffn_norm, E, in->rms_eps);
-        kkv_matmul(m->tp, w->gate, &L->w_gate, w->xn, n);
-        kkv_matmul(m->tp, w->up, &L->w_up, w->xn, n);
+        KKV_TRY(mm(m, w->gate, &L->w_gate, w->xn, n));
+        KKV_TRY(mm(m, w->up, &L->w_up, w->xn, n));
         for (int i = 0; i < n; i++) kkv_op_swiglu(row(w->gate, i, F), row(w->up, i, F), F);
-        kkv_matmul(m->tp, w->proj, &L->w_down, w->gate, n);
+        KKV_TRY(mm(m, w->proj, &L->w_down, w->gate, n));
         for (size_t j = 0; j < (size_t)n * E; j++) w->x[j] += w->proj[j];
     }
     if (ch->logits && ch->first_out < n) {
         int n_out = n - ch->first_out;
         for (int i = ch->first_out; i < n; i++)
             kkv_op_rmsnorm(row(w->xn, i, E), row(w->x, i, E), m->output_norm, E, in->rms_eps);
-        kkv_matmul(m->tp, ch->logits, &m->output, row(w->xn, ch->first_out, E), n_out);
+        KKV_TRY(mm(m, ch->logits, &m->output, row(w->xn, ch->first_out, E), n_out));
     }
     return KKV_OK;
 }

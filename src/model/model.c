@@ -280,6 +280,12 @@ void kkv_model_free(kkv_model *m) {
     free(m);
 }
 
+kkv_status kkv_model_set_exact_matmul(kkv_model *m, int exact) {
+    if (!m) return kkv_fail(KKV_ERR_INVALID_ARG, "set_exact_matmul: NULL model");
+    m->matmul_impl = exact ? KKV_WT_IMPL_F32 : KKV_WT_IMPL_AUTO;
+    return KKV_OK;
+}
+
 void kkv_model_get_info(const kkv_model *m, kkv_model_info *out) {
     if (!out) return;
     if (!m) {

@@ -51,6 +51,7 @@ struct kkv_model {
     kkv_gguf      *gguf;       /* owns the mapping the weights point into */
     kkv_tok       *tok;
     kkv_tp        *tp;         /* matmul threads; NULL = caller only */
+    kkv_wt_impl    matmul_impl; /* AUTO, or F32 for exact activations */
     kkv_model_info info;
     int            rope_pairs; /* rope.dimension_count / 2 */
     double        *inv_freq;   /* [rope_pairs] */

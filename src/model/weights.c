@@ -323,6 +323,7 @@ typedef struct mm_ctx {
     const kkv_q8x        *xq;      /* [n][cols/32] blocks, NULL for F32/F16 */
     int                   n;
     int64_t               rows_per_task;
+    float                *row_f;   /* KKV_WT_IMPL_F32: [tasks][cols] scratch, else NULL */
 } mm_ctx;
 
 static int is_quant(uint32_t type) { return type != KKV_WT_F32 && type != KKV_WT_F16; }
@@ -359,17 +360,34 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
     }
 }
 
+/* KKV_WT_IMPL_F32: rows [r0, r1) dequantized one at a time into row_f
+ * ([cols] scratch) and dotted with each x in double. */
+static void mm_rows_f32(const mm_ctx *c, float *row_f, int64_t r0, int64_t r1) {
+    const kkv_weight *w = c->w;
+    for (int64_t r = r0; r < r1; r++) {
+        kkv_wt_dequant_row(row_f, w, r);
+        for (int j = 0; j < c->n; j++) {
+            const float *x = c->x + (size_t)j * (size_t)w->cols;
+            double acc = 0.0;
+            for (int64_t i = 0; i < w->cols; i++) acc += (double)row_f[i] * (double)x[i];
+            c->out[(size_t)j * (size_t)w->rows + (size_t)r] = (float)acc;
+        }
+    }
+}
+
 static void mm_task(void *ctx, int task) {
     const mm_ctx *c = ctx;
     int64_t r0 = (int64_t)task * c->rows_per_task;
     int64_t r1 = r0 + c->rows_per_task;
     if (r1 > c->w->rows) r1 = c->w->rows;
-    mm_rows(c, r0, r1);
+    if (c->row_f) mm_rows_f32(c, c->row_f + (size_t)task * (size_t)c->w->cols, r0, r1);
+    else mm_rows(c, r0, r1);
 }
 
 static const kkv_wt_kernels *pick_kernels(kkv_wt_impl impl) {
     switch (impl) {
-    case KKV_WT_IMPL_SCALAR: return &kkv_wt_kernels_scalar;
+    case KKV_WT_IMPL_SCALAR:
+    case KKV_WT_IMPL_F32: return &kkv_wt_kernels_scalar;
     case KKV_WT_IMPL_AVX2:
 #if defined(__x86_64__) || defined(__i386__)
         return kkv_cpu_get()->avx2 ? &kkv_wt_kernels_avx2 : NULL;
@@ -408,6 +426,22 @@ static int64_t rows_per_task(const kkv_tp *tp, int64_t rows, int n) {
     return per;
 }
 
+static kkv_status matmul_f32(kkv_tp *tp, float *out, const kkv_weight *w, const float *x,
+                             int n) {
+    int64_t per = rows_per_task(tp, w->rows, n);
+    int64_t tasks = (w->rows + per - 1) / per;
+    if (tasks > 1 << 20) {
+        per = (w->rows + (1 << 20) - 1) >> 20;
+        tasks = (w->rows + per - 1) / per;
+    }
+    float *row_f = malloc((size_t)tasks * (size_t)w->cols * sizeof *row_f); /* [tasks][cols] */
+    if (!row_f) return kkv_fail(KKV_ERR_NOMEM, "matmul: out of memory for f32 rows");
+    mm_ctx c = {&kkv_wt_kernels_scalar, w, out, x, NULL, n, per, row_f};
+    kkv_tp_run(tp, (int)tasks, mm_task, &c);
+    free(row_f);
+    return KKV_OK;
+}
+
 kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const float *x, int n,
                          kkv_wt_impl impl) {
     const kkv_wt_kernels *k = pick_kernels(impl);
@@ -415,6 +449,7 @@ kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const floa
     KKV_TRY(check_weight(w));
     if (n < 0) return kkv_fail(KKV_ERR_INVALID_ARG, "matmul: n = %d", n);
     if (n == 0 || w->rows == 0) return KKV_OK;
+    if (impl == KKV_WT_IMPL_F32) return matmul_f32(tp, out, w, x, n);
     kkv_q8x *xq = NULL; /* [n][cols/32] */
     if (is_quant(w->type)) {
         size_t nb = (size_t)(w->cols / 32);
@@ -424,7 +459,7 @@ kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const floa
         if (!xq) return kkv_fail(KKV_ERR_NOMEM, "matmul: out of memory for %d activation rows", n);
         for (int j = 0; j < n; j++) kkv_q8x_quantize(xq + (size_t)j * nb, x + (size_t)j * (size_t)w->cols, w->cols);
     }
-    mm_ctx c = {k, w, out, x, xq, n, rows_per_task(tp, w->rows, n)};
+    mm_ctx c = {k, w, out, x, xq, n, rows_per_task(tp, w->rows, n), NULL};
     int64_t tasks = (w->rows + c.rows_per_task - 1) / c.rows_per_task;
     if (tasks > 1 << 30) { /* keeps the task count an int; rows_per_task grows instead */
         c.rows_per_task = (w->rows + (1 << 30) - 1) >> 30;
@@ -448,7 +483,7 @@ void kkv_matmul(kkv_tp *tp, float *out, const kkv_weight *w, const float *x, int
         kkv_q8x xq[MM_STACK_BLOCKS];
         for (int j = 0; j < n; j++) {
             kkv_q8x_quantize(xq, x + (size_t)j * (size_t)w->cols, w->cols);
-            mm_ctx c = {k, w, out + (size_t)j * (size_t)w->rows, NULL, xq, 1, w->rows};
+            mm_ctx c = {k, w, out + (size_t)j * (size_t)w->rows, NULL, xq, 1, w->rows, NULL};
             mm_rows(&c, 0, w->rows);
         }
         return;

@@ -56,6 +56,12 @@ kkv_status kkv_weight_from_tensor(kkv_weight *out, const struct kkv_gguf_tensor 
 /* Which kernels kkv_matmul_ex uses. AUTO picks the best this CPU runs. */
 typedef enum kkv_wt_impl {
     KKV_WT_IMPL_AUTO = 0, KKV_WT_IMPL_SCALAR = 1, KKV_WT_IMPL_AVX2 = 2,
+    /* Exact activations: every weight row is dequantized to fp32 and dotted
+     * with the fp32 x in double precision, with no Q8 rounding of x. Slow;
+     * for checking the engine against an independent full-precision
+     * reference, where Q8 rounding (a step function) makes trajectories
+     * drift apart. */
+    KKV_WT_IMPL_F32 = 3,
 } kkv_wt_impl;
 
 /* kkv_matmul with an explicit kernel choice and error reporting.
