@@ -522,19 +522,6 @@ AI __m256i quant8(__m256 x, __m256 mn, __m256 scale, __m256 maxq) {
     return _mm256_cvttps_epi32(y);
 }
 
-/* Insertion sort by score, descending, ties to the lower index: the order of
- * select.c's ranking for the same scores. */
-static void order_by(uint8_t *order, const float *score, int D) {
-    for (int j = 0; j < D; j++) {
-        int i = j;
-        while (i > 0 && score[order[i - 1]] < score[j]) {
-            order[i] = order[i - 1];
-            i--;
-        }
-        order[i] = (uint8_t)j;
-    }
-}
-
 /* Magnitude or variance scores of the D channels of k: [G][D], summed over
  * tokens in order per channel exactly like select.c. */
 static void rank_simd(uint8_t *order, const float *k, int D, int G, kkv_select sel) {
@@ -559,7 +546,7 @@ static void rank_simd(uint8_t *order, const float *k, int D, int G, kkv_select s
             _mm256_storeu_ps(sum + j, acc);
         }
     }
-    order_by(order, sel == KKV_SELECT_VARIANCE ? dev : sum, D);
+    kkv_order_channels(order, sel == KKV_SELECT_VARIANCE ? dev : sum, D);
 }
 
 void kkv_avx2_key_encode(uint8_t *page, float *tmp, const uint16_t *k, int D, int G, int nb,

@@ -54,6 +54,10 @@ static inline uint8_t kkv_quant_code(float x, const kkv_qparams *p, int maxq) {
 void kkv_rank_channels(uint8_t *order, const float *k, int D, int G, kkv_select sel,
                        uint64_t seed, uint64_t page, const uint8_t *explicit_rank);
 
+/* order: [D] channels sorted by score [D], descending, ties to the lower
+ * index. Every kernel ranks through this, so their pages agree. */
+void kkv_order_channels(uint8_t *order, const float *score, int D);
+
 /* A 64-bit mix of a few words (splitmix64 finaliser), for seeded selection. */
 uint64_t kkv_mix64(uint64_t a, uint64_t b);
 

@@ -12,9 +12,8 @@ uint64_t kkv_mix64(uint64_t a, uint64_t b) {
     return z ^ (z >> 31);
 }
 
-/* Sorts channels by score, descending, ties to the lower index. D <= 256, so
- * an insertion sort is cheap next to the G*D scoring pass. */
-static void order_by(uint8_t *order, const double *score, int D) {
+void kkv_order_channels(uint8_t *order, const float *score, int D) {
+    /* D <= 256, so an insertion sort is cheap next to the G*D scoring pass */
     for (int j = 0; j < D; j++) {
         int i = j;
         while (i > 0 && score[order[i - 1]] < score[j]) {
@@ -27,14 +26,15 @@ static void order_by(uint8_t *order, const double *score, int D) {
 
 void kkv_rank_channels(uint8_t *order, const float *k, int D, int G, kkv_select sel,
                        uint64_t seed, uint64_t page, const uint8_t *explicit_rank) {
-    double score[KKV_MAX_HEAD_DIM]; /* [D] */
+    float score[KKV_MAX_HEAD_DIM]; /* [D] */
     if (sel == KKV_SELECT_EXPLICIT) {
         for (int j = 0; j < D; j++) order[j] = explicit_rank ? explicit_rank[j] : (uint8_t)j;
         return;
     }
     if (sel == KKV_SELECT_RANDOM) {
         uint64_t s = kkv_mix64(seed, page);
-        for (int j = 0; j < D; j++) score[j] = (double)(kkv_mix64(s, (uint64_t)j) >> 11);
+        /* 24 random bits: exact in a float; ties go to the lower index */
+        for (int j = 0; j < D; j++) score[j] = (float)(kkv_mix64(s, (uint64_t)j) >> 40);
     } else if (sel == KKV_SELECT_VARIANCE) {
         /* Two passes in fp32, tokens in order: the oracle sums the same way. */
         float sum[KKV_MAX_HEAD_DIM] = {0}, dev[KKV_MAX_HEAD_DIM] = {0};
@@ -54,5 +54,5 @@ void kkv_rank_channels(uint8_t *order, const float *k, int D, int G, kkv_select 
             for (int j = 0; j < D; j++) sum[j] += fabsf(k[(size_t)t * D + j]);
         for (int j = 0; j < D; j++) score[j] = sum[j];
     }
-    order_by(order, score, D);
+    kkv_order_channels(order, score, D);
 }
