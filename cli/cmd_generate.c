@@ -1,6 +1,8 @@
 /* kittykv generate: stream a model's continuation of a prompt, with every
  * attention read going through the chosen KV cache method, then report speed
- * and the cache's true memory next to what fp16 would need. */
+ * and the cache's true memory next to what fp16 would need. With --compare it
+ * decodes the same prompt greedily once per listed method (one model, one
+ * cache each) and sets the results side by side. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 #include "util.h"
 
 #define CMD "generate"
+#define MAX_COMPARE 16 /* methods in one --compare list */
 
 static const char *const CHAT_TEMPLATE =
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
@@ -30,20 +33,31 @@ static void usage(FILE *f) {
     for (const char *const *n = kkv_method_names(); *n; n++) fprintf(f, " %s", *n);
     fprintf(f,
             "\n"
+            "  --compare LIST comma-separated methods (e.g. fp16,kitty): decode the prompt\n"
+            "                 greedily with each, one cache per method, in one process;\n"
+            "                 print each continuation, then a table: tokens, agreement\n"
+            "                 with the first method (leading run of equal ids, and equal\n"
+            "                 ids at equal positions), KV bytes, bits/element, bytes as a\n"
+            "                 fraction of fp16, prefill and decode tok/s. Implies --temp 0;\n"
+            "                 not with --kv, --alpha or --temp > 0\n"
             "  --alpha A      override the method's boost fraction, in [0, 1]\n"
             "  --temp T       sampling temperature (default 0 = greedy, deterministic)\n"
             "  --top-p P      nucleus sampling mass, (0, 1] (default 0.95)\n"
             "  --seed S       sampler seed (default 42)\n"
             "  -t THREADS     threads (default 0 = all cores)\n"
             "  -c CTX         context limit of the sequence in tokens (default 8192)\n"
-            "  --kv-budget MB KV pool budget (default: exactly what CTX tokens need)\n"
+            "  --kv-budget MB KV pool budget per cache (default: exactly what CTX tokens need)\n"
             "  --chat         wrap the prompt in the ChatML template of SmolLM2\n");
 }
 
-/* Options. Three are for tests and left out of --help:
+/* Options. Four are for tests and left out of --help:
  *   --prompt-ids LIST  comma-separated token ids instead of -p text
  *   --ids-out FILE     the generated ids, comma-separated (stop token included)
- *   --logits-out FILE  the last prompt position's logits, raw float32 [n_vocab] */
+ *   --logits-out FILE  the last prompt position's logits, raw float32 [n_vocab]
+ *   --exact-matmul     kkv_model_set_exact_matmul(m, 1): fp32 activations in the
+ *                      matmuls instead of 8-bit blocks, so that the oracle test
+ *                      (tests/oracle/test_forward.py) can hold logits to a tight
+ *                      tolerance and greedy tokens to an exact match. Slower. */
 typedef struct opts {
     const char *model;
     const char *prompt;
@@ -51,11 +65,52 @@ typedef struct opts {
     const char *ids_out;    /* hidden: write generated ids here */
     const char *logits_out; /* hidden: float32 logits of the last prompt token */
     const char *kv;
-    int         n_gen, threads, ctx, chat, have_alpha, have_budget;
+    const char *compare;    /* --compare LIST as given, or NULL */
+    const char *methods[MAX_COMPARE]; /* [n_methods] names, pointing into names_buf */
+    char        names_buf[256];
+    int         n_methods;  /* 1 without --compare */
+    int         n_gen, threads, ctx, chat, have_alpha, have_budget, have_kv;
+    int         exact_matmul; /* hidden: --exact-matmul */
     float       alpha, temp, top_p;
     double      budget_mb;
     uint64_t    seed;
 } opts;
+
+static void print_method_names(FILE *f) {
+    for (const char *const *n = kkv_method_names(); *n; n++) fprintf(f, " %s", *n);
+}
+
+/* Splits --compare's list into o->methods. Returns 0 or 2 (usage error). */
+static int parse_compare(opts *o) {
+    size_t len = strlen(o->compare);
+    if (len >= sizeof o->names_buf) {
+        fprintf(stderr, "kittykv " CMD ": --compare list too long\n");
+        return 2;
+    }
+    memcpy(o->names_buf, o->compare, len + 1);
+    o->n_methods = 0;
+    char *p = o->names_buf;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        if (comma) *comma = '\0';
+        kkv_method m;
+        if (!*p || kkv_method_from_name(&m, p) != KKV_OK) {
+            fprintf(stderr, "kittykv " CMD ": --compare: unknown method '%s' (one of:", p);
+            print_method_names(stderr);
+            fprintf(stderr, ")\n");
+            return 2;
+        }
+        if (o->n_methods == MAX_COMPARE) {
+            fprintf(stderr, "kittykv " CMD ": --compare takes at most %d methods\n",
+                    MAX_COMPARE);
+            return 2;
+        }
+        o->methods[o->n_methods++] = p;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    return 0;
+}
 
 /* Returns 0, or the exit status (2 usage, 0 for --help) to stop with. */
 static int parse(opts *o, int argc, char **argv) {
@@ -71,10 +126,14 @@ static int parse(opts *o, int argc, char **argv) {
             o->chat = 1;
             continue;
         }
+        if (!strcmp(a, "--exact-matmul")) {
+            o->exact_matmul = 1;
+            continue;
+        }
         static const char *const with_value[] = {
             "-m", "--model", "-p", "--prompt", "--prompt-ids", "--ids-out", "--logits-out",
-            "--kv", "-n", "-t", "--threads", "-c", "--ctx", "--alpha", "--temp", "--top-p",
-            "--seed", "--kv-budget", NULL};
+            "--kv", "--compare", "-n", "-t", "--threads", "-c", "--ctx", "--alpha", "--temp",
+            "--top-p", "--seed", "--kv-budget", NULL};
         int known = 0;
         for (const char *const *w = with_value; *w; w++) known |= !strcmp(a, *w);
         if (!known) {
@@ -91,7 +150,10 @@ static int parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
         else if (!strcmp(a, "--ids-out")) o->ids_out = v;
         else if (!strcmp(a, "--logits-out")) o->logits_out = v;
-        else if (!strcmp(a, "--kv")) o->kv = v;
+        else if (!strcmp(a, "--kv")) {
+            o->kv = v;
+            o->have_kv = 1;
+        } else if (!strcmp(a, "--compare")) o->compare = v;
         else if (!strcmp(a, "-n")) {
             if (cli_int(&o->n_gen, v, 0, 1 << 24, CMD, a)) return 2;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
@@ -131,6 +193,23 @@ static int parse(opts *o, int argc, char **argv) {
     if (o->prompt && o->prompt_ids) {
         fprintf(stderr, "kittykv " CMD ": give -p or --prompt-ids, not both\n");
         return 2;
+    }
+    if (o->compare) {
+        /* A comparison is only meaningful when every method sees the same
+         * deterministic decoding rule and its own defaults. */
+        const char *clash = o->have_kv ? "--kv" : o->have_alpha ? "--alpha"
+                          : o->temp > 0.0f ? "--temp > 0" : o->ids_out ? "--ids-out"
+                          : o->logits_out ? "--logits-out" : NULL;
+        if (clash) {
+            fprintf(stderr, "kittykv " CMD ": --compare decodes greedily with each listed "
+                    "method's own settings; it cannot be combined with %s\n", clash);
+            return 2;
+        }
+        int rc = parse_compare(o);
+        if (rc) return rc;
+    } else {
+        o->methods[0] = o->kv;
+        o->n_methods = 1;
     }
     if (!o->model) o->model = cli_default_model();
     return 0;
@@ -269,23 +348,19 @@ static void emit(const kkv_model *m, utf8_stream *u, int32_t tok) {
     fflush(stdout);
 }
 
-typedef struct run_state {
-    kkv_model  *model;
-    kkv_cache  *cache;
-    int32_t    *prompt;   /* [n_prompt] */
-    int32_t    *gen;      /* [n_gen + 1] */
-    float      *logits;   /* [n_vocab] */
-    cli_sampler sampler;
-} run_state;
-
-static void run_free(run_state *r) {
-    cli_sampler_free(&r->sampler);
-    free(r->logits);
-    free(r->gen);
-    free(r->prompt);
-    kkv_cache_free(r->cache);
-    kkv_model_free(r->model);
-}
+/* What one method's run produced, for the report and the comparison table. */
+typedef struct method_run {
+    const char *name;
+    float       alpha;
+    int32_t    *gen;       /* [n_gen + 1] generated ids, stop token included */
+    int         n_out;     /* ids in gen */
+    int         stopped;   /* 1 if gen ends with an end-of-text token */
+    int         n_decode;  /* single-token forward passes timed in t_decode */
+    double      t_prefill, t_decode;
+    int         held;      /* tokens in the cache at the end */
+    kkv_mem     mem;
+    double      fp16_bytes; /* what an fp16 cache of `held` tokens would take */
+} method_run;
 
 static int fail(const char *what) {
     fprintf(stderr, "kittykv " CMD ": %s%s%s\n", what ? what : "", what ? ": " : "",
@@ -293,20 +368,180 @@ static int fail(const char *what) {
     return 1;
 }
 
-static int generate(const opts *o, run_state *r) {
+/* Prefills the prompt into a fresh cache of `name`'s method and decodes up to
+ * o->n_gen tokens, streaming their text to stdout. logits: [n_vocab] scratch.
+ * Fills *res (res->gen must hold n_gen + 1 ids). Returns an exit status. */
+static int run_method(method_run *res, const opts *o, kkv_model *m,
+                      const kkv_model_info *info, const int32_t *prompt, int n_prompt,
+                      const char *name, cli_sampler *smp, float *logits) {
     kkv_method method;
-    if (kkv_method_from_name(&method, o->kv) != KKV_OK) {
-        fprintf(stderr, "kittykv " CMD ": unknown --kv method '%s' (one of:", o->kv);
-        for (const char *const *n = kkv_method_names(); *n; n++) fprintf(stderr, " %s", *n);
+    if (kkv_method_from_name(&method, name) != KKV_OK) {
+        fprintf(stderr, "kittykv " CMD ": unknown --kv method '%s' (one of:", name);
+        print_method_names(stderr);
         fprintf(stderr, ")\n");
         return 2;
     }
     if (o->have_alpha) method.alpha = o->alpha;
+    if (kkv_method_check(&method, info->head_dim) != KKV_OK) return fail("--kv");
+    res->name = name;
+    res->alpha = method.alpha;
 
+    kkv_cache_config cfg = kkv_model_cache_config(m, &method, 0);
+    cfg.max_tokens = o->ctx;
+    if (o->have_budget) cfg.pool_bytes = (size_t)(o->budget_mb * 1048576.0);
+    else if (budget_for_ctx(&cfg.pool_bytes, &cfg, o->ctx) != KKV_OK)
+        return fail("sizing the KV pool");
+    kkv_cache *cache;
+    if (kkv_cache_create(&cache, &cfg) != KKV_OK) return fail("creating the KV cache");
+    int rc = 0, seq;
+    /* Everything the run can need, up front: a pool or context that is too
+     * small is one clear error before any output. */
+    if (kkv_seq_add(cache, &seq) != KKV_OK) rc = fail("KV pool too small");
+    else if (kkv_seq_reserve(cache, seq, n_prompt + o->n_gen) != KKV_OK)
+        rc = fail("context too long for the KV pool");
+
+    double t0 = cli_now();
+    if (!rc && kkv_model_forward(m, cache, logits, seq, prompt, n_prompt, 0) != KKV_OK)
+        rc = fail("prefill");
+    res->t_prefill = cli_now() - t0;
+    if (!rc && o->logits_out && write_logits(o->logits_out, logits, info->n_vocab)) rc = 1;
+
+    utf8_stream u8;
+    utf8_stream_init(&u8);
+    while (!rc && res->n_out < o->n_gen) {
+        int32_t tok = cli_sample(smp, logits, info->n_vocab);
+        if (tok < 0) {
+            fprintf(stderr, "kittykv " CMD ": out of memory\n");
+            rc = 1;
+            break;
+        }
+        res->gen[res->n_out++] = tok;
+        if (tok == info->eos || tok == info->eot) {
+            res->stopped = 1;
+            break;
+        }
+        emit(m, &u8, tok);
+        if (res->n_out == o->n_gen) break;
+        double t1 = cli_now();
+        if (kkv_model_forward(m, cache, logits, seq, &tok, 1, 0) != KKV_OK) {
+            fputc('\n', stdout);
+            rc = fail("decode");
+            break;
+        }
+        res->t_decode += cli_now() - t1;
+        res->n_decode++;
+    }
+    if (!rc) {
+        char tail[UTF8_STREAM_BOUND(0)];
+        fwrite(tail, 1, utf8_stream_flush(&u8, tail), stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+        if (kkv_seq_mem(cache, &res->mem, seq) != KKV_OK) rc = fail("memory report");
+        res->held = kkv_seq_len(cache, seq, 0);
+        res->fp16_bytes = 2.0 * 2.0 * res->held * info->n_layers * info->n_kv_heads *
+                          info->head_dim;
+    }
+    kkv_cache_free(cache);
+    return rc;
+}
+
+static double rate(int n, double t) {
+    return t > 0 ? n / t : 0.0;
+}
+
+/* The single-method report, on stderr so stdout is only the text. */
+static void report_one(const opts *o, const kkv_model_info *info, const method_run *r,
+                       int n_prompt) {
+    char threads_str[16];
+    if (o->threads) snprintf(threads_str, sizeof threads_str, "%d", o->threads);
+    else snprintf(threads_str, sizeof threads_str, "all");
+    fprintf(stderr, "\nmodel: %s (%s, %d layers)  kv: %s  alpha: %g  threads: %s\n",
+            info->name[0] ? info->name : o->model, info->arch, info->n_layers, r->name,
+            (double)r->alpha, threads_str);
+    fprintf(stderr, "prompt: %d tokens, %.1f tok/s (%.3f s)\n", n_prompt,
+            rate(n_prompt, r->t_prefill), r->t_prefill);
+    fprintf(stderr, "generated: %d tokens%s, decode %.1f tok/s (%d steps, %.3f s)\n",
+            r->n_out - r->stopped, r->stopped ? " (end of turn)" : "",
+            rate(r->n_decode, r->t_decode), r->n_decode, r->t_decode);
+    fprintf(stderr, "KV cache: %d tokens, %llu bytes, %.3f bits/element; fp16 would need "
+            "%.0f bytes (%.2fx)\n", r->held, (unsigned long long)r->mem.total,
+            r->mem.bits_per_element, r->fp16_bytes,
+            r->mem.total ? r->fp16_bytes / (double)r->mem.total : 0.0);
+}
+
+/* Agreement of b with a: *lead = ids equal before the first difference,
+ * *same = positions holding the same id; both out of the longer run. */
+static void agreement(int *lead, int *same, const method_run *a, const method_run *b) {
+    int n = a->n_out < b->n_out ? a->n_out : b->n_out;
+    *lead = 0;
+    while (*lead < n && a->gen[*lead] == b->gen[*lead]) (*lead)++;
+    *same = 0;
+    for (int i = 0; i < n; i++) *same += a->gen[i] == b->gen[i];
+}
+
+/* The --compare table, on stdout after the continuations. */
+static void report_compare(const opts *o, const kkv_model_info *info, const method_run *r,
+                           int n, int n_prompt) {
+    char threads_str[16];
+    if (o->threads) snprintf(threads_str, sizeof threads_str, "%d", o->threads);
+    else snprintf(threads_str, sizeof threads_str, "all");
+    printf("\nmodel: %s (%s, %d layers)  prompt: %d tokens  greedy, up to %d new tokens  "
+           "threads: %s\n", info->name[0] ? info->name : o->model, info->arch,
+           info->n_layers, n_prompt, o->n_gen, threads_str);
+    printf("agreement is with %s: leading run of identical ids / identical ids at the same "
+           "position, out of the longer of the two runs\n\n", r[0].name);
+    printf("%-12s %8s %10s %10s %12s %9s %10s %13s %12s\n", "method", "tokens", "lead-agree",
+           "pos-agree", "KV bytes", "bits/elem", "bytes/fp16", "prefill tok/s",
+           "decode tok/s");
+    for (int i = 0; i < n; i++) {
+        int lead, same, longer = r[i].n_out > r[0].n_out ? r[i].n_out : r[0].n_out;
+        agreement(&lead, &same, &r[0], &r[i]);
+        char tokens[24], la[24], pa[24];
+        snprintf(tokens, sizeof tokens, "%d%s", r[i].n_out - r[i].stopped,
+                 r[i].stopped ? "+eot" : "");
+        snprintf(la, sizeof la, "%d/%d", lead, longer);
+        snprintf(pa, sizeof pa, "%d/%d", same, longer);
+        printf("%-12s %8s %10s %10s %12llu %9.3f %10.3f %13.1f %12.1f\n", r[i].name, tokens,
+               la, pa, (unsigned long long)r[i].mem.total, r[i].mem.bits_per_element,
+               r[i].fp16_bytes > 0 ? (double)r[i].mem.total / r[i].fp16_bytes : 0.0,
+               rate(n_prompt, r[i].t_prefill), rate(r[i].n_decode, r[i].t_decode));
+    }
+    fflush(stdout);
+}
+
+typedef struct run_state {
+    kkv_model  *model;
+    int32_t    *prompt;   /* [n_prompt] */
+    float      *logits;   /* [n_vocab] */
+    method_run  runs[MAX_COMPARE]; /* [n_methods]; each gen is [n_gen + 1] */
+    cli_sampler sampler;
+} run_state;
+
+static void run_free(run_state *r) {
+    cli_sampler_free(&r->sampler);
+    for (int i = 0; i < MAX_COMPARE; i++) free(r->runs[i].gen);
+    free(r->logits);
+    free(r->prompt);
+    kkv_model_free(r->model);
+}
+
+static int generate(const opts *o, run_state *r) {
+    /* Names first: a typo is a usage error before the model loads. */
+    for (int i = 0; i < o->n_methods; i++) {
+        kkv_method method;
+        if (kkv_method_from_name(&method, o->methods[i]) != KKV_OK) {
+            fprintf(stderr, "kittykv " CMD ": unknown --kv method '%s' (one of:",
+                    o->methods[i]);
+            print_method_names(stderr);
+            fprintf(stderr, ")\n");
+            return 2;
+        }
+    }
     if (kkv_model_load(&r->model, o->model, o->threads) != KKV_OK) return fail(NULL);
+    if (o->exact_matmul && kkv_model_set_exact_matmul(r->model, 1) != KKV_OK)
+        return fail("--exact-matmul");
     kkv_model_info info;
     kkv_model_get_info(r->model, &info);
-    if (kkv_method_check(&method, info.head_dim) != KKV_OK) return fail("--kv");
 
     int n_prompt, rc = prompt_tokens(o, r->model, &r->prompt, &n_prompt);
     if (rc) return rc;
@@ -315,77 +550,28 @@ static int generate(const opts *o, run_state *r) {
                 "context of %d tokens (-c)\n", n_prompt, o->n_gen, o->ctx);
         return 1;
     }
-
-    kkv_cache_config cfg = kkv_model_cache_config(r->model, &method, 0);
-    cfg.max_tokens = o->ctx;
-    if (o->have_budget) cfg.pool_bytes = (size_t)(o->budget_mb * 1048576.0);
-    else if (budget_for_ctx(&cfg.pool_bytes, &cfg, o->ctx) != KKV_OK)
-        return fail("sizing the KV pool");
-    if (kkv_cache_create(&r->cache, &cfg) != KKV_OK) return fail("creating the KV cache");
-    int seq;
-    if (kkv_seq_add(r->cache, &seq) != KKV_OK) return fail("KV pool too small");
-    /* Everything the run can need, up front: a pool or context that is too
-     * small is one clear error before any output. */
-    if (kkv_seq_reserve(r->cache, seq, n_prompt + o->n_gen) != KKV_OK)
-        return fail("context too long for the KV pool");
-
     r->logits = malloc((size_t)info.n_vocab * sizeof *r->logits);
-    r->gen = malloc(((size_t)o->n_gen + 1) * sizeof *r->gen);
-    if (!r->logits || !r->gen) return fprintf(stderr, "kittykv " CMD ": out of memory\n"), 1;
-    cli_sampler_init(&r->sampler, o->temp, o->top_p, o->seed);
-
-    double t0 = cli_now();
-    if (kkv_model_forward(r->model, r->cache, r->logits, seq, r->prompt, n_prompt, 0) != KKV_OK)
-        return fail("prefill");
-    double t_prefill = cli_now() - t0;
-    if (o->logits_out && write_logits(o->logits_out, r->logits, info.n_vocab)) return 1;
-
-    utf8_stream u8;
-    utf8_stream_init(&u8);
-    char tail[3];
-    int n_out = 0, n_decode = 0, stopped = 0;
-    double t_decode = 0.0;
-    while (n_out < o->n_gen) {
-        int32_t tok = cli_sample(&r->sampler, r->logits, info.n_vocab);
-        if (tok < 0) return fprintf(stderr, "kittykv " CMD ": out of memory\n"), 1;
-        r->gen[n_out++] = tok;
-        if (tok == info.eos || tok == info.eot) {
-            stopped = 1;
-            break;
-        }
-        emit(r->model, &u8, tok);
-        if (n_out == o->n_gen) break;
-        double t1 = cli_now();
-        if (kkv_model_forward(r->model, r->cache, r->logits, seq, &tok, 1, 0) != KKV_OK) {
-            fputc('\n', stdout);
-            return fail("decode");
-        }
-        t_decode += cli_now() - t1;
-        n_decode++;
+    if (!r->logits) return fprintf(stderr, "kittykv " CMD ": out of memory\n"), 1;
+    for (int i = 0; i < o->n_methods; i++) {
+        r->runs[i].gen = malloc(((size_t)o->n_gen + 1) * sizeof *r->runs[i].gen);
+        if (!r->runs[i].gen) return fprintf(stderr, "kittykv " CMD ": out of memory\n"), 1;
     }
-    fwrite(tail, 1, utf8_stream_flush(&u8, tail), stdout);
-    fputc('\n', stdout);
-    fflush(stdout);
-    if (o->ids_out) print_ids(o->ids_out, r->gen, n_out);
 
-    kkv_mem mem;
-    if (kkv_seq_mem(r->cache, &mem, seq) != KKV_OK) return fail("memory report");
-    int held = kkv_seq_len(r->cache, seq, 0);
-    double fp16_bytes = 2.0 * 2.0 * held * info.n_layers * info.n_kv_heads * info.head_dim;
-    char threads_str[16];
-    if (o->threads) snprintf(threads_str, sizeof threads_str, "%d", o->threads);
-    else snprintf(threads_str, sizeof threads_str, "all");
-    fprintf(stderr, "\nmodel: %s (%s, %d layers)  kv: %s  alpha: %g  threads: %s\n",
-            info.name[0] ? info.name : o->model, info.arch, info.n_layers, o->kv,
-            (double)method.alpha, threads_str);
-    fprintf(stderr, "prompt: %d tokens, %.1f tok/s (%.3f s)\n", n_prompt,
-            t_prefill > 0 ? n_prompt / t_prefill : 0.0, t_prefill);
-    fprintf(stderr, "generated: %d tokens%s, decode %.1f tok/s (%d steps, %.3f s)\n",
-            n_out - stopped, stopped ? " (end of turn)" : "",
-            t_decode > 0 ? n_decode / t_decode : 0.0, n_decode, t_decode);
-    fprintf(stderr, "KV cache: %d tokens, %llu bytes, %.3f bits/element; fp16 would need "
-            "%.0f bytes (%.2fx)\n", held, (unsigned long long)mem.total, mem.bits_per_element,
-            fp16_bytes, mem.total ? fp16_bytes / (double)mem.total : 0.0);
+    for (int i = 0; i < o->n_methods; i++) {
+        /* Each method starts from the same sampler state (greedy ignores it). */
+        cli_sampler_free(&r->sampler);
+        cli_sampler_init(&r->sampler, o->temp, o->top_p, o->seed);
+        if (o->compare) {
+            printf("%s=== %s ===\n", i ? "\n" : "", o->methods[i]);
+            fflush(stdout);
+        }
+        rc = run_method(&r->runs[i], o, r->model, &info, r->prompt, n_prompt, o->methods[i],
+                        &r->sampler, r->logits);
+        if (rc) return rc;
+    }
+    if (o->ids_out) print_ids(o->ids_out, r->runs[0].gen, r->runs[0].n_out);
+    if (o->compare) report_compare(o, &info, r->runs, o->n_methods, n_prompt);
+    else report_one(o, &info, &r->runs[0], n_prompt);
     return 0;
 }
 

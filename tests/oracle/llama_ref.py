@@ -1,11 +1,32 @@
 #!/usr/bin/env python3
 """Reference Llama forward pass in numpy, reading the same GGUF as kittykv.
 
-Independent of the C code: weights come from the `gguf` package
-(GGUFReader + gguf.quants.dequantize), attention is plain full-precision
-softmax over an unquantized numpy KV cache. Weights are dequantized once to
-float32; matmuls run in float32, norms, RoPE angles, attention and softmax in
-float64.
+Independent of the C code: tensors come from the `gguf` package (GGUFReader;
+Q4_1 and Q8_0 blocks are decoded here exactly in float64 and cross-checked
+against gguf.quants.dequantize, other types use gguf's decoder), attention is
+plain softmax over a numpy KV cache. Weights are dequantized once to float64
+and everything runs in float64.
+
+Two switches make the reference compute what kittykv computes where that is a
+defined format choice, not an accident of arithmetic (both off = the model's
+full-precision forward pass):
+  act_q8   each matmul input row is first quantized to int8 blocks of 32, as
+           kittykv's kkv_q8x_quantize does before its integer dot products:
+           in float32, d = max|x| / 127, inv = 1 / d (0 when d = 0),
+           q = round-half-even(x * inv) clamped to [-127, 127]; the matmul then
+           sees d * q. (The engine also folds Q4_1's offset as m * (d * sum q),
+           the same value.) Only weights stored in block formats get this;
+           F32/F16 weights see the exact input.
+  kv_fp16  K (after RoPE) and V are stored rounded to fp16 (via float32, round
+           to nearest even) and widened back exactly on read, as in kittykv's
+           fp16 cache; the query and all attention arithmetic stay wide.
+What remains between the two is fp32 summation order in the engine. With
+kv_fp16 that difference is not ~1e-7 at the logits: an fp32-ulp change of a K
+or V element moves it across an fp16 rounding boundary now and then (a 1e-3
+relative step), so two runs that differ only in summation order end ~1e-4 *
+max|logit| apart (test_forward.py measures and bounds this).
+kittykv's exact mode (kkv_model_set_exact_matmul) has no activation rounding:
+compare it with act_q8 off.
 
 RoPE is the "normal" (GPT-J style) pairing: llama.cpp's converter permutes the
 Q/K rows of Llama checkpoints so that dims (2i, 2i+1) form a rotation pair
@@ -46,14 +67,52 @@ def _field(reader, key, default=None):
     return f.parts[f.data[0]][0]
 
 
-class LlamaRef:
-    """A Llama model held as float32 numpy arrays, with a simple KV cache."""
+def _f16(b):
+    """[n][2] uint8 little-endian fp16 -> [n][1] float64 (exact)."""
+    return np.ascontiguousarray(b).view("<f2").astype(np.float64)
 
-    def __init__(self, path, act_q8=False):
-        """act_q8: round matmul inputs to int8 blocks of 32 (scale amax/127,
-        round half to even) before multiplying by a quantized weight, as
-        llama.cpp-style integer dot kernels do; False keeps them exact."""
+
+def dequantize64(data, ttype):
+    """Exact float64 values of a tensor's blocks (flat), or None when this
+    module has no decoder of its own for the type."""
+    Q = gguf.GGMLQuantizationType
+    if ttype == Q.Q4_1:  # 20 bytes: d fp16, m fp16, 16 bytes of nibbles
+        b = np.asarray(data, dtype=np.uint8).reshape(-1, 20)
+        qs = b[:, 4:]
+        q = np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.float64)  # [nb][32]
+        return (_f16(b[:, 0:2]) * q + _f16(b[:, 2:4])).reshape(-1)
+    if ttype == Q.Q8_0:  # 34 bytes: d fp16, 32 int8
+        b = np.asarray(data, dtype=np.uint8).reshape(-1, 34)
+        q = np.ascontiguousarray(b[:, 2:]).view(np.int8).astype(np.float64)
+        return (_f16(b[:, 0:2]) * q).reshape(-1)
+    return None
+
+
+def quantize_q8(x):
+    """x [n][cols] -> float64 d * q, the activation rounding of kittykv's
+    kkv_q8x_quantize (see the module docstring). cols % 32 == 0."""
+    xb = np.asarray(x, dtype=np.float32).reshape(x.shape[0], -1, 32)
+    d = np.abs(xb).max(axis=2, keepdims=True) / np.float32(127.0)  # float32
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
+    q = np.clip(np.rint(xb * inv), -127, 127)  # float32 product, ties to even
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
+
+
+def round_fp16(x):
+    """The fp16 cache's storage rounding: float32 first (the engine's K/V are
+    float32), then nearest-even fp16, widened back exactly."""
+    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float64)
+
+
+class LlamaRef:
+    """A Llama model held as float64 numpy arrays, with a simple KV cache."""
+
+    def __init__(self, path, act_q8=False, kv_fp16=False):
+        """act_q8, kv_fp16: emulate kittykv's activation and fp16-cache
+        rounding (module docstring); may be changed between resets."""
         self.act_q8 = act_q8
+        self.kv_fp16 = kv_fp16
         r = gguf.GGUFReader(path)
         arch = _field(r, "general.architecture")
         if arch != "llama":
@@ -73,29 +132,52 @@ class LlamaRef:
         self.merges = _field(r, "tokenizer.ggml.merges")
 
         t = {}
-        self._quantized = set()  # ids of weight arrays stored in block formats
+        qnames = set()  # tensors stored in block formats
+        # ids of the (long-lived) matmul operands whose weights are block formats
+        self._quantized = set()
         plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+        self.max_decode_dev = 0.0  # max |own decoder - gguf's| / max|w| seen
         for ten in r.tensors:
-            w = gguf_quants.dequantize(ten.data, ten.tensor_type).astype(np.float32)
+            w = dequantize64(ten.data, ten.tensor_type)
+            if w is None:
+                w = gguf_quants.dequantize(ten.data, ten.tensor_type).astype(np.float64)
+            elif ten.name in ("token_embd.weight", "blk.0.attn_q.weight"):
+                # gguf rounds d*q+m to float32: agree to that, or a decoder is wrong
+                g = gguf_quants.dequantize(ten.data, ten.tensor_type).reshape(-1)
+                dev = float(np.abs(w - g).max() / max(np.abs(w).max(), 1e-30))
+                self.max_decode_dev = max(self.max_decode_dev, dev)
+                if dev > 1e-6:
+                    raise ValueError(f"{ten.name}: own decoder differs from gguf's by {dev}")
             # numpy order: [ne[1]][ne[0]] = [rows (out)][cols (in)]
             shape = [int(x) for x in reversed(ten.shape.tolist())]
             t[ten.name] = w.reshape(shape)
             if ten.tensor_type not in plain:
-                self._quantized.add(id(t[ten.name]))
+                qnames.add(ten.name)
         self.embd = t["token_embd.weight"]  # [vocab][n_embd]
-        self.out = t.get("output.weight", self.embd)
-        self.out_norm = t["output_norm.weight"].astype(np.float64)
+        out_name = "output.weight" if "output.weight" in t else "token_embd.weight"
+        self.out_t = self._transposed(t[out_name], out_name in qnames)  # [n_embd][vocab]
+        self.out_norm = t["output_norm.weight"]
         self.layers = []
         for i in range(self.n_layers):
             g = lambda n: t[f"blk.{i}.{n}.weight"]  # noqa: E731
+            # matmul weights kept transposed, [in][out], so x @ w needs no copy
+            tr = lambda n: self._transposed(t[f"blk.{i}.{n}.weight"],  # noqa: E731
+                                            f"blk.{i}.{n}.weight" in qnames)
             self.layers.append(dict(
-                attn_norm=g("attn_norm").astype(np.float64), wq=g("attn_q"), wk=g("attn_k"),
-                wv=g("attn_v"), wo=g("attn_output"), ffn_norm=g("ffn_norm").astype(np.float64),
-                gate=g("ffn_gate"), up=g("ffn_up"), down=g("ffn_down")))
+                attn_norm=g("attn_norm"), wq=tr("attn_q"), wk=tr("attn_k"),
+                wv=tr("attn_v"), wo=tr("attn_output"), ffn_norm=g("ffn_norm"),
+                gate=tr("ffn_gate"), up=tr("ffn_up"), down=tr("ffn_down")))
+        del t
         self.n_vocab = self.embd.shape[0]
         half = self.rope_dims // 2
         self.inv_freq = self.base ** (-2.0 * np.arange(half, dtype=np.float64) / self.rope_dims)
         self.reset()
+
+    def _transposed(self, w, quantized):
+        wt = np.ascontiguousarray(w.T)
+        if quantized:
+            self._quantized.add(id(wt))
+        return wt
 
     def reset(self):
         """Empties the KV cache: k[l], v[l] are [T][n_kv][head_dim] float64."""
@@ -109,15 +191,12 @@ class LlamaRef:
     def _rms(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
-    def _mm(self, x, w):
-        if self.act_q8 and id(w) in self._quantized:
-            xb = x.astype(np.float32).reshape(x.shape[0], -1, 32)
-            d = np.abs(xb).max(axis=2, keepdims=True) / np.float32(127.0)
-            inv = np.where(d != 0, np.float32(1.0) / np.where(d != 0, d, 1), 0).astype(np.float32)
-            q = np.clip(np.rint(xb * inv), -127, 127)
-            x = (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
-            return x @ w.T.astype(np.float64)
-        return (x.astype(np.float32) @ w.T).astype(np.float64)
+    def _mm(self, x, wt):
+        """x [n][in] @ wt [in][out], the input rounded as kittykv does when
+        act_q8 and wt is stored in a block format."""
+        if self.act_q8 and id(wt) in self._quantized:
+            x = quantize_q8(x)
+        return x @ wt
 
     def _rope(self, x, pos):
         """x: [n][heads][head_dim], pos: [n]; rotates pairs (2i, 2i+1) in place."""
@@ -130,8 +209,9 @@ class LlamaRef:
         x[..., 1:2 * half:2] = a * s + b * c
         return x
 
-    def forward(self, ids):
-        """Appends ids to the cache; returns logits [n][n_vocab] (float64)."""
+    def forward(self, ids, last_only=False):
+        """Appends ids to the cache; returns logits [n][n_vocab] (float64), or
+        only the last position's, [1][n_vocab], if last_only."""
         ids = np.asarray(ids, dtype=np.int64)
         n, p0 = len(ids), self.pos
         pos = np.arange(p0, p0 + n)
@@ -145,6 +225,8 @@ class LlamaRef:
             q = self._rope(self._mm(xn, L["wq"]).reshape(n, nh, hd), pos)
             k = self._rope(self._mm(xn, L["wk"]).reshape(n, nkv, hd), pos)
             v = self._mm(xn, L["wv"]).reshape(n, nkv, hd)
+            if self.kv_fp16:
+                k, v = round_fp16(k), round_fp16(v)
             self.k[li] = np.concatenate([self.k[li], k])
             self.v[li] = np.concatenate([self.v[li], v])
             K, V = self.k[li], self.v[li]  # [T][nkv][hd]
@@ -162,22 +244,27 @@ class LlamaRef:
             g = self._mm(xn, L["gate"])
             u = self._mm(xn, L["up"])
             x = x + self._mm(g / (1.0 + np.exp(-g)) * u, L["down"])
-        return self._mm(self._rms(x, self.out_norm), self.out)
+        if last_only:
+            x = x[-1:]
+        return self._mm(self._rms(x, self.out_norm), self.out_t)
 
-    def greedy(self, prompt_ids, n_new, stop=()):
-        """Prefills prompt_ids, then greedily decodes n_new tokens.
-        Returns (generated ids, logits of the last prompt position)."""
-        logits = self.forward(prompt_ids)
-        last = logits[-1]
+    def greedy(self, prompt_ids, n_new, stop=(), step_logits=None):
+        """Prefills prompt_ids, then greedily decodes n_new tokens (argmax,
+        ties to the lowest id), stopping after a token in stop.
+        Returns (generated ids, logits of the last prompt position); if
+        step_logits is a list, the logits each token was chosen from are
+        appended to it."""
+        last = self.forward(prompt_ids, last_only=True)[-1]
         out = []
-        nxt = int(np.argmax(last))
-        for _ in range(n_new):
+        lg = last
+        while len(out) < n_new:
+            nxt = int(np.argmax(lg))
+            if step_logits is not None:
+                step_logits.append(lg)
             out.append(nxt)
-            if nxt in stop:
+            if nxt in stop or len(out) == n_new:
                 break
-            if len(out) == n_new:
-                break
-            nxt = int(np.argmax(self.forward([nxt])[-1]))
+            lg = self.forward([nxt], last_only=True)[-1]
         return out, last
 
     # ---- text helpers (only for the standalone sanity check)
