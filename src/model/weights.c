@@ -368,9 +368,14 @@ static void mm_rows_f32(const mm_ctx *c, float *row_f, int64_t r0, int64_t r1) {
         kkv_wt_dequant_row(row_f, w, r);
         for (int j = 0; j < c->n; j++) {
             const float *x = c->x + (size_t)j * (size_t)w->cols;
-            double acc = 0.0;
-            for (int64_t i = 0; i < w->cols; i++) acc += (double)row_f[i] * (double)x[i];
-            c->out[(size_t)j * (size_t)w->rows + (size_t)r] = (float)acc;
+            /* four partial sums in a fixed order: no serial add chain */
+            double acc[4] = {0.0, 0.0, 0.0, 0.0};
+            int64_t i = 0;
+            for (; i + 4 <= w->cols; i += 4)
+                for (int u = 0; u < 4; u++) acc[u] += (double)row_f[i + u] * (double)x[i + u];
+            for (; i < w->cols; i++) acc[0] += (double)row_f[i] * (double)x[i];
+            c->out[(size_t)j * (size_t)w->rows + (size_t)r] =
+                (float)((acc[0] + acc[1]) + (acc[2] + acc[3]));
         }
     }
 }
