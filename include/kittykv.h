@@ -302,6 +302,16 @@ void       kkv_model_get_info(const kkv_model *m, kkv_model_info *out);
  * reference, where the rounding's step function makes trajectories drift. */
 kkv_status kkv_model_set_exact_matmul(kkv_model *m, int exact);
 
+/* Observer of the attention inputs, for analysis tools: called for every token
+ * and layer of every forward pass, after RoPE and before the token's K/V enter
+ * the cache, in layer order and token order within a layer. q: [n_heads][D],
+ * k, v: [n_kv_heads][D]; valid only during the call. pos is the token's
+ * position in its sequence. */
+typedef void (*kkv_qkv_hook)(void *user, int seq, int layer, int64_t pos, const float *q,
+                             const float *k, const float *v);
+/* Installs (fn) or removes (NULL) the hook. */
+void kkv_model_set_qkv_hook(kkv_model *m, kkv_qkv_hook fn, void *user);
+
 /* A cache config with the model's shape, the method and the budget. */
 kkv_cache_config kkv_model_cache_config(const kkv_model *m, const kkv_method *method,
                                         size_t pool_bytes);

@@ -101,6 +101,9 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
          * single-token call would have left it. */
         for (int i = 0; i < n; i++) {
             int seq = ch->seqs[i];
+            if (m->hook)
+                m->hook(m->hook_user, seq, l, w->pos[i], row(w->q, i, QD), row(w->k, i, KD),
+                        row(w->v, i, KD));
             KKV_TRY(kkv_append(c, seq, l, row(w->k, i, KD), row(w->v, i, KD)));
             KKV_TRY(kkv_attend(c, row(w->att, i, QD), seq, l, row(w->q, i, QD), in->n_heads));
             KKV_TRY(kkv_flush(c, seq, l));

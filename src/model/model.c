@@ -286,6 +286,12 @@ kkv_status kkv_model_set_exact_matmul(kkv_model *m, int exact) {
     return KKV_OK;
 }
 
+void kkv_model_set_qkv_hook(kkv_model *m, kkv_qkv_hook fn, void *user) {
+    if (!m) return;
+    m->hook = fn;
+    m->hook_user = user;
+}
+
 void kkv_model_get_info(const kkv_model *m, kkv_model_info *out) {
     if (!out) return;
     if (!m) {

@@ -52,6 +52,8 @@ struct kkv_model {
     kkv_tok       *tok;
     kkv_tp        *tp;         /* matmul threads; NULL = caller only */
     kkv_wt_impl    matmul_impl; /* AUTO, or F32 for exact activations */
+    kkv_qkv_hook   hook;        /* analysis observer, or NULL */
+    void          *hook_user;
     kkv_model_info info;
     int            rope_pairs; /* rope.dimension_count / 2 */
     double        *inv_freq;   /* [rope_pairs] */
