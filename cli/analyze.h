@@ -16,6 +16,8 @@ typedef struct an_opts {
     const char *selects;    /* ablation: comma-separated selections           */
     int         layer;      /* -1: the middle layer                          */
     int         ctx, score_from, chunk, threads, positions;
+    int         calib_from; /* ablation: first token of the oracle's calibration
+                               text (its --ctx tokens start there)           */
 } an_opts;
 
 typedef struct an_ctx {
@@ -35,7 +37,9 @@ int an_layers(an_ctx *a);
 int an_sensitivity(an_ctx *a);
 
 /* Per-(layer, KV head) channel rankings by attention-score sensitivity (most
- * sensitive first), for select=oracle. ranks: [n_layers][n_kv_heads][head_dim].
+ * sensitive first), for select=oracle, measured over tokens
+ * [o.calib_from, o.calib_from + o.ctx) of the text with an fp16 cache; also
+ * writes <out>/oracle_ranks.csv. ranks: [n_layers][n_kv_heads][head_dim].
  * 0 on success; 1 after printing why they cannot be computed. */
 int an_oracle_ranks(an_ctx *a, uint8_t *ranks);
 

@@ -50,7 +50,11 @@ static void usage(FILE *f) {
             "  --chunk C       ablation: tokens per forward call (default 64; results are\n"
             "                  bit-identical for every C, see `kittykv eval --help`)\n"
             "  --alphas LIST   ablation alphas (default 0,0.0625,0.125,0.25,0.5,1)\n"
-            "  --selects LIST  ablation selections (default magnitude,variance,random,oracle)\n"
+            "  --selects LIST  ablation selections (default magnitude,variance,random,oracle;\n"
+            "                  oracle ranks each layer's and KV head's channels by the\n"
+            "                  sensitivity measure over the same --ctx tokens, fp16 cache)\n"
+            "  --calib-from P  ablation: the oracle calibrates on tokens P..P+ctx-1\n"
+            "                  (default 0: the scored text itself, an in-sample oracle)\n"
             "  --positions K   layers: scored positions, evenly spaced (default 8)\n"
             "  -t T            threads (default 0 = all cores)\n"
             "\nFiles (in DIR): <sub>.csv, <sub>.json and <sub>*.png (PNG through gnuplot).\n",
@@ -98,6 +102,8 @@ static int parse(an_opts *o, int argc, char **argv) {
             if (cli_int(&o->score_from, v, 1, 1 << 22, CMD, a)) return 2;
         } else if (!strcmp(a, "--chunk")) {
             if (cli_int(&o->chunk, v, 1, 4096, CMD, a)) return 2;
+        } else if (!strcmp(a, "--calib-from")) {
+            if (cli_int(&o->calib_from, v, 0, 1 << 22, CMD, a)) return 2;
         } else if (!strcmp(a, "--positions")) {
             if (cli_int(&o->positions, v, 1, 4096, CMD, a)) return 2;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
@@ -194,6 +200,11 @@ int cmd_analyze(int argc, char **argv) {
     if (a.n_tokens < a.o.ctx) {
         fprintf(stderr, "kittykv " CMD ": '%s' has %d tokens, fewer than --ctx %d\n", a.o.text,
                 a.n_tokens, a.o.ctx);
+        goto done;
+    }
+    if (a.n_tokens - a.o.ctx < a.o.calib_from) {
+        fprintf(stderr, "kittykv " CMD ": '%s' has %d tokens, fewer than --calib-from %d + "
+                "--ctx %d\n", a.o.text, a.n_tokens, a.o.calib_from, a.o.ctx);
         goto done;
     }
     rc = s->run(&a);

@@ -9,8 +9,9 @@ they pin down:
 - scoring in chunks gives bit-identical results to single-token decode;
 - the JSON shapes; bad specs and options are usage errors (exit 2);
 - passkey: table + JSON, fp16 retrieves the key in a short haystack;
-- every analyze subcommand that can run writes its CSV/JSON/PNG files, and
-  the layers splice check is exact.
+- every analyze subcommand writes its CSV/JSON/PNG files, the layers splice
+  check is exact, sensitivity has D rows per KV head and agrees with the
+  heatmap's magnitudes, and the ablation's oracle line is its own run.
 Exit 77 (skip) when the model or gnuplot is missing, unless
 KKV_REQUIRE_ORACLE=1.
 """
@@ -138,15 +139,48 @@ def png_ok(path):
         return False
 
 
+def test_sensitivity(cli, common, out):
+    """Per-channel score MSE of layer 3: D rows per KV head, consistent ranks,
+    and magnitudes that agree with the heatmap's (computed independently)."""
+    p = run(cli, ["analyze", "sensitivity", "--ctx", "200", "--layer", "3"] + common)
+    for h in range(3):
+        check(png_ok(os.path.join(out, f"sensitivity_L3_h{h}.png")), f"sensitivity PNG head {h}")
+    if p.returncode:
+        return
+    rows = [r.split(",") for r in open(os.path.join(out, "sensitivity.csv")).read().splitlines()]
+    check(rows[0][:4] == ["layer", "head", "channel", "score_mse"], f"CSV header {rows[0]}")
+    rows = rows[1:]
+    check(len(rows) == 3 * 64, f"sensitivity CSV has 64 rows per KV head: {len(rows)}")
+    j = json.load(open(os.path.join(out, "sensitivity.json")))
+    hm = json.load(open(os.path.join(out, "heatmap.json")))
+    check(j["layer"] == 3 and j["tokens"] == 200 and len(j["heads"]) == 3, "sensitivity JSON")
+    for h in range(3):
+        hr = [r for r in rows if int(r[1]) == h]
+        check([int(r[2]) for r in hr] == list(range(64)), f"head {h}: channels 0..63 in order")
+        mse = [float(r[3]) for r in hr]
+        check(min(mse) >= 0 and max(mse) > 0, f"head {h}: MSE non-negative, not all 0")
+        check(abs(sum(float(r[4]) for r in hr) - 1) < 1e-3, f"head {h}: MSE shares sum to 1")
+        sr = [int(r[6]) for r in hr]
+        check(sorted(sr) == list(range(64)), f"head {h}: sensitivity ranks are a permutation")
+        top = j["heads"][h]["top_sensitivity"]
+        check(top[0] == sr.index(0) and mse[top[0]] == max(mse), f"head {h}: top channel {top}")
+        check(j["heads"][h]["top_magnitude"] == hm["heads"][h]["top_channels"],
+              f"head {h}: magnitude ranking agrees with the heatmap")
+        check(j["heads"][h]["mse_share_top_sensitivity"] >=
+              j["heads"][h]["mse_share_top_magnitude"], f"head {h}: no top-8 beats the MSE top-8")
+    check("top 8 by sensitivity" in p.stdout and "overlap" in p.stdout, "sensitivity summary")
+
+
 def test_analyze(cli, model, text, out):
     common = ["-m", model, "-f", text, "--out", out, "-t", "2"]
-    run(cli, ["analyze", "heatmap", "--ctx", "160", "--layer", "3"] + common)
+    run(cli, ["analyze", "heatmap", "--ctx", "200", "--layer", "3"] + common)
     for f in ("heatmap_L3_h0.csv", "heatmap_L3_h2.csv", "heatmap.json"):
         check(os.path.exists(os.path.join(out, f)), f"heatmap wrote {f}")
     check(png_ok(os.path.join(out, "heatmap.png")), "heatmap.png is a PNG")
     with open(os.path.join(out, "heatmap_L3_h0.csv")) as f:
         rows = f.read().splitlines()
-    check(len(rows) == 64 and len(rows[0].split(",")) == 160, "heatmap CSV is channels x tokens")
+    check(len(rows) == 64 and len(rows[0].split(",")) == 200, "heatmap CSV is channels x tokens")
+    test_sensitivity(cli, common, out)
 
     p = run(cli, ["analyze", "stability", "--ctx", "420"] + common)
     check(png_ok(os.path.join(out, "stability.png")), "stability.png is a PNG")
@@ -158,15 +192,25 @@ def test_analyze(cli, model, text, out):
               f"E[Jaccard] of random 8-of-64 sets {j['random_expectation']}")
 
     p = run(cli, ["analyze", "ablation", "--ctx", "300", "--score-from", "200", "--alphas",
-                  "0,0.25,1", "--selects", "magnitude,random"] + common)
+                  "0,0.25,1", "--selects", "magnitude,random,oracle"] + common)
     check(png_ok(os.path.join(out, "ablation.png")), "ablation.png is a PNG")
     if p.returncode == 0:
         rows = open(os.path.join(out, "ablation.csv")).read().splitlines()
-        check(len(rows) == 1 + 3 * 2, f"ablation CSV rows {len(rows)}")
+        check(len(rows) == 1 + 3 * 3, f"ablation CSV rows {len(rows)}")
+        check(sum(r.split(",")[1] == "oracle" for r in rows[1:]) == 3, "3 oracle rows in the CSV")
         j = json.load(open(os.path.join(out, "ablation.json")))
         kl = {(r["alpha"], r["select"]): r["kld_mean"] for r in j["runs"]}
         check(kl[(0, "magnitude")] == kl[(0, "random")], "alpha 0 does not depend on selection")
         check(kl[(1, "magnitude")] < kl[(0, "magnitude")], "alpha 1 beats alpha 0")
+        check(kl[(0, "oracle")] == kl[(0, "magnitude")] and kl[(1, "oracle")] == kl[(1, "random")],
+              "oracle at alpha 0 and 1 is the shared run")
+        o = kl[(0.25, "oracle")]
+        check(0 < o < kl[(0, "oracle")] and o not in (kl[(0.25, "magnitude")], kl[(0.25, "random")]),
+              f"oracle at alpha 0.25 is its own run between alpha 0 and 1: {kl}")
+        ranks = open(os.path.join(out, "oracle_ranks.csv")).read().splitlines()[1:]
+        check(len(ranks) == 30 * 3, f"oracle rankings for 30 layers x 3 KV heads: {len(ranks)}")
+        check(all(sorted(map(int, r.split(",")[2].split())) == list(range(64)) for r in ranks),
+              "each oracle ranking is a permutation of the 64 channels")
 
     p = run(cli, ["analyze", "layers", "--ctx", "200", "--score-from", "150", "--positions",
                   "1"] + common)
