@@ -28,7 +28,7 @@ ctest --test-dir build --output-on-failure -j"$JOBS"
 [ "${1:-}" = "--quick" ] && exit 0
 
 step "ASan + UBSan build and unit tests"
-cmake -S . -B build-san -DCMAKE_BUILD_TYPE=Debug -DKKV_SANITIZE=ON -DKKV_PYTHON="$PY" >/dev/null
+cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKKV_SANITIZE=ON -DKKV_PYTHON="$PY" >/dev/null
 cmake --build build-san -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-san --output-on-failure -j"$JOBS" -L unit
