@@ -14,18 +14,9 @@
 #include "core/fp16.h"
 #include "model/gguf.h"
 #include "model/weights.h"
+#include "testutil.h"
 
-static int g_fail;
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            g_fail++;                                                          \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fprintf(stderr, "\n");                                             \
-            if (g_fail > 30) exit(1);                                          \
-        }                                                                      \
-    } while (0)
+/* CHECK and the summary come from testutil.h */
 
 /* ---- an in-memory GGUF writer ---- */
 
@@ -495,10 +486,7 @@ int main(int argc, char **argv) {
     test_mutations();
     test_open();
     int m = test_model();
-    if (g_fail) {
-        fprintf(stderr, "test_gguf: %d failure(s)\n", g_fail);
-        return 1;
-    }
+    if (tu_failed()) return tu_summary();
     if (m == 77) {
         const char *req = getenv("KKV_REQUIRE_MODEL");
         if (req && strcmp(req, "1") == 0) {
@@ -508,6 +496,5 @@ int main(int argc, char **argv) {
         printf("test_gguf: synthetic checks ok; model absent, skipping its checks\n");
         return 77;
     }
-    printf("test_gguf: ok\n");
-    return 0;
+    return tu_summary();
 }

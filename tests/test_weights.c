@@ -20,18 +20,9 @@
 #include "core/threads.h"
 #include "model/gguf.h"
 #include "model/weights.h"
+#include "testutil.h"
 
-static int g_fail;
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            g_fail++;                                                          \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fprintf(stderr, "\n");                                             \
-            if (g_fail > 20) exit(1);                                          \
-        }                                                                      \
-    } while (0)
+/* CHECK and the summary come from testutil.h */
 
 /* xorshift64*: deterministic test data */
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -513,10 +504,6 @@ int main(int argc, char **argv) {
     test_kernels();
     test_invariance();
     if (!kkv_cpu_get()->avx2) printf("note: no AVX2 on this CPU; SIMD comparisons skipped\n");
-    if (g_fail) {
-        fprintf(stderr, "test_weights: %d failure(s)\n", g_fail);
-        return 1;
-    }
-    printf("test_weights: ok\n");
-    return 0;
+    if (tu_failed()) return tu_summary();
+    return tu_summary();
 }
