@@ -39,7 +39,7 @@ typedef struct bench_opts {
     const char *cmd;        /* "bench attention", for messages         */
     const char *model;      /* NULL: the default model                 */
     int         model_given;
-    int         list[BENCH_MAX_LIST]; /* --ctx / --depth values         */
+    int         list[BENCH_MAX_LIST]; /* --ctx / --depth values, ascending */
     int         n_list;
     int         ctx;        /* serve: one context                      */
     kkv_method  methods[BENCH_MAX_METHODS];

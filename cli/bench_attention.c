@@ -34,11 +34,6 @@ static void usage(FILE *f) {
             "  --json            also print one JSON object on the last line\n");
 }
 
-static int cmp_int(const void *a, const void *b) {
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
-}
-
 /* One token's attention over every layer. q: [L][n_q][D], out: [n_q][D]. */
 static kkv_status attend_all(kkv_cache *c, int seq, const float *q, float *out,
                              const bench_shape *sh) {
@@ -132,7 +127,6 @@ int bench_attention(int argc, char **argv) {
                              BO_BW,
                          usage);
     if (rc) return rc < 0 ? 0 : rc;
-    qsort(o.list, (size_t)o.n_list, sizeof o.list[0], cmp_int);
     for (int i = 0; i < o.n_list; i++)
         if (o.list[i] < 1) {
             fprintf(stderr, "kittykv " CMD ": contexts must be >= 1\n");

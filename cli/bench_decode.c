@@ -33,11 +33,6 @@ static void usage(FILE *f) {
             cli_default_model());
 }
 
-static int cmp_int(const void *a, const void *b) {
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
-}
-
 typedef struct row {
     int    depth;
     double med_s, q1_s, q3_s, min_s, cpu_s, bits;
@@ -58,7 +53,6 @@ int bench_decode(int argc, char **argv) {
                          BO_MODEL | BO_DEPTH | BO_METHODS | BO_THREADS | BO_KERNEL | BO_N,
                          usage);
     if (rc) return rc < 0 ? 0 : rc;
-    qsort(o.list, (size_t)o.n_list, sizeof o.list[0], cmp_int);
 
     kkv_model *model;
     if (bench_load_model(&model, &o, 0)) return 1;

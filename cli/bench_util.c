@@ -64,6 +64,11 @@ static int parse_kernel(kkv_kernel *k, const char *s, const char *cmd) {
     return 2;
 }
 
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
 int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
                 void (*usage)(FILE *f)) {
     const char *cmd = o->cmd;
@@ -115,6 +120,7 @@ int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
                             o->list[j]);
                     bad = 1;
                 }
+            if (!bad) qsort(o->list, (size_t)o->n_list, sizeof o->list[0], cmp_int);
             break;
         case BO_METHODS:
         case BO_METHOD:

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kld.h"
+#include "sample.h"
 #include "util.h"
 
 /* ------------------------------------------------------------ specs */
@@ -291,7 +292,7 @@ static void lane_score(lane *ln, const scratch *sc, const float *logits, const i
         kld_log_softmax(sc->lq, row, V);
         ln->r.nll_sum -= sc->lq[next[i]];
         if (ln->r.kld) ln->r.kld[k] = kld_kl(sc->ref_p + (size_t)i * V, lp, sc->lq, V);
-        ln->top1_hits += kld_argmax(row, V) == sc->ref_top[i];
+        ln->top1_hits += cli_argmax(row, V) == sc->ref_top[i];
     }
 }
 
@@ -302,7 +303,7 @@ static void ref_prepare(scratch *sc, int n, int V) {
         double *lp = sc->ref_lp + (size_t)i * V, *p = sc->ref_p + (size_t)i * V;
         kld_log_softmax(lp, row, V);
         for (int v = 0; v < V; v++) p[v] = exp(lp[v]);
-        sc->ref_top[i] = kld_argmax(row, V);
+        sc->ref_top[i] = cli_argmax(row, V);
     }
 }
 

@@ -33,10 +33,3 @@ double kld_percentile(double *v, long n, double pct) {
     if (k > n) k = n;
     return v[k - 1];
 }
-
-int kld_argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}

@@ -17,7 +17,4 @@ double kld_kl(const double *p, const double *logp, const double *logq, int n);
  * sorted[ceil(pct/100 * n) - 1]. Sorts v [n] in place. 0 for n = 0. */
 double kld_percentile(double *v, long n, double pct);
 
-/* Index of the largest x [n], ties to the lowest index. n >= 1. */
-int kld_argmax(const float *x, int n);
-
 #endif

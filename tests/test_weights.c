@@ -284,20 +284,22 @@ static void test_invariance(void) {
         float *x = rand_x(n, cols);
         float *full = malloc(sizeof(float) * (size_t)n * (size_t)rows);
         float *part = malloc(sizeof(float) * (size_t)n * (size_t)rows);
-        kkv_matmul(NULL, full, &w, x, n);
+        CHECK(kkv_matmul_ex(NULL, full, &w, x, n, KKV_WT_IMPL_AUTO) == KKV_OK, "matmul failed");
         kkv_tp *pools[] = {NULL, tp2, tp4};
         for (int p = 0; p < 3; p++) {
             /* split the batch as 1 + 6 + 5 + 11 */
             const int cuts[] = {0, 1, 7, 12, 23};
             for (int c = 0; c < 4; c++)
-                kkv_matmul(pools[p], part + (size_t)cuts[c] * (size_t)rows, &w, x + (size_t)cuts[c] * (size_t)cols,
-                           cuts[c + 1] - cuts[c]);
+                CHECK(kkv_matmul_ex(pools[p], part + (size_t)cuts[c] * (size_t)rows, &w,
+                                    x + (size_t)cuts[c] * (size_t)cols, cuts[c + 1] - cuts[c],
+                                    KKV_WT_IMPL_AUTO) == KKV_OK,
+                      "matmul failed");
             CHECK(memcmp(full, part, sizeof(float) * (size_t)n * (size_t)rows) == 0,
                   "%s: pool %d / batch split changes results", kkv_wt_name(types[ti]), p);
         }
         /* NaN in x propagates to that x vector's outputs only */
         x[7] = NAN;
-        kkv_matmul(tp2, part, &w, x, 2);
+        CHECK(kkv_matmul_ex(tp2, part, &w, x, 2, KKV_WT_IMPL_AUTO) == KKV_OK, "matmul failed");
         CHECK(isnan(part[0]) && isnan(part[rows - 1]) && !isnan(part[rows]), "NaN propagation");
         free(wd);
         free(x);
@@ -408,7 +410,13 @@ static int mode_matmul(const char *model, const char *tensor, const char *xp, co
     float *out = malloc(sizeof(float) * (size_t)n * (size_t)w.rows);
     kkv_tp *tp = NULL;
     kkv_tp_create(&tp, 2);
-    kkv_matmul(tp, out, &w, x, n);
+    if (kkv_matmul_ex(tp, out, &w, x, n, KKV_WT_IMPL_AUTO) != KKV_OK) {
+        fprintf(stderr, "matmul: %s\n", kkv_last_error());
+        kkv_tp_free(tp);
+        free(out);
+        free(x);
+        return 1;
+    }
     int rc = write_file(outp, out, sizeof(float) * (size_t)n * (size_t)w.rows);
     kkv_tp_free(tp);
     free(out);

@@ -155,15 +155,20 @@ kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *s, int layer
     if (n.ktail) units[nu++] = (unit){2, 0, n.ktail};
 
     size_t acc_n = (size_t)c->H * nu * n_rep * D, ml_n = (size_t)c->H * nu * n_rep * 2;
-    float *buf = malloc((acc_n + ml_n) * sizeof *buf);
-    if (!buf) {
-        if (units != stack_units) free(units);
-        return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory");
+    if (acc_n + ml_n > c->attn_cap) {
+        /* kept in the cache: decode calls this per layer per token */
+        float *nb = realloc(c->attn_buf, (acc_n + ml_n) * sizeof *nb);
+        if (!nb) {
+            if (units != stack_units) free(units);
+            return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory");
+        }
+        c->attn_buf = nb;
+        c->attn_cap = acc_n + ml_n;
     }
+    float *buf = c->attn_buf;
     job J = {c, s, layer, n_rep, nu, n, units, q, buf, buf + acc_n, 0};
     kkv_tp_run(c->tp, c->H * nu, run_task, &J);
     if (atomic_load(&J.oom)) {
-        free(buf);
         if (units != stack_units) free(units);
         return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory for scores");
     }
@@ -188,7 +193,6 @@ kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *s, int layer
             for (int j = 0; j < D; j++) o[j] *= inv;
         }
     }
-    free(buf);
     if (units != stack_units) free(units);
     return KKV_OK;
 }

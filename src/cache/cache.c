@@ -97,6 +97,7 @@ void kkv_cache_free(kkv_cache *c) {
     free(c->seqs);
     free(c->rank);
     free(c->tile);
+    free(c->attn_buf);
     free(c);
 }
 

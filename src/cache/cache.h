@@ -47,6 +47,8 @@ struct kkv_cache {
     kkv_seq  *seqs;         /* [max_seqs] */
     uint8_t  *rank;         /* [L][H][D] explicit ranking, or NULL */
     float    *tile;         /* [G][D] flush scratch */
+    float    *attn_buf;     /* [attn_cap] attention partials, grown on demand */
+    size_t    attn_cap;
     const kkv_ops *ops;
     kkv_tp   *tp;
 };

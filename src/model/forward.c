@@ -4,7 +4,7 @@
  * chunk every matmul is batched over its tokens, but attention runs token by
  * token in order: append its K/V, attend with its query, flush. That is
  * exactly what single-token calls do, and every other op is per row with a
- * result independent of the batch (kkv_matmul's contract), so a prefill gives
+ * result independent of the batch (kkv_matmul_ex's contract), so a prefill gives
  * bit-identical logits and cache contents however it is split (spec 6.5).
  *
  * The model's working buffers live in the model, so a model runs one forward

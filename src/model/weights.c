@@ -474,25 +474,3 @@ kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const floa
     free(xq);
     return KKV_OK;
 }
-
-/* Without scratch memory the x vectors are quantized one at a time into a
- * stack buffer; each output is the same as on the normal path. */
-#define MM_STACK_BLOCKS 512
-
-void kkv_matmul(kkv_tp *tp, float *out, const kkv_weight *w, const float *x, int n) {
-    kkv_status s = kkv_matmul_ex(tp, out, w, x, n, KKV_WT_IMPL_AUTO);
-    if (s == KKV_OK) return;
-    const kkv_wt_kernels *k = pick_kernels(KKV_WT_IMPL_AUTO);
-    int64_t nb = w->cols / 32;
-    if (s == KKV_ERR_NOMEM && nb <= MM_STACK_BLOCKS) {
-        kkv_q8x xq[MM_STACK_BLOCKS];
-        for (int j = 0; j < n; j++) {
-            kkv_q8x_quantize(xq, x + (size_t)j * (size_t)w->cols, w->cols);
-            mm_ctx c = {k, w, out + (size_t)j * (size_t)w->rows, NULL, xq, 1, w->rows, NULL};
-            mm_rows(&c, 0, w->rows);
-        }
-        return;
-    }
-    /* A bad weight is a caller bug; NaN makes it visible. */
-    for (size_t i = 0; i < (size_t)(n > 0 ? n : 0) * (size_t)(w->rows > 0 ? w->rows : 0); i++) out[i] = NAN;
-}

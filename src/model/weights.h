@@ -35,11 +35,6 @@ const char *kkv_wt_name(uint32_t type);
 /* out: [cols] = row `row` of w as fp32. */
 void kkv_wt_dequant_row(float *out, const kkv_weight *w, int64_t row);
 
-/* out: [n][rows] = x @ w^T, x: [n][cols]. Threads split rows; each output
- * element is computed the same way whatever n or the thread count. */
-void kkv_matmul(kkv_tp *tp, float *out, const kkv_weight *w, const float *x, int n);
-
-/* ---- additions (declarations above are frozen) ---- */
 
 /* Bytes of one row of `cols` elements of a ggml type, in *out. KKV_ERR_UNSUPPORTED
  * for an unknown type, KKV_ERR_FORMAT if cols <= 0 or not a whole number of
@@ -64,8 +59,9 @@ typedef enum kkv_wt_impl {
     KKV_WT_IMPL_F32 = 3,
 } kkv_wt_impl;
 
-/* kkv_matmul with an explicit kernel choice and error reporting.
- * out: [n][rows], x: [n][cols]. KKV_ERR_UNSUPPORTED if impl cannot run on this
+/* out: [n][rows] = x @ w^T, x: [n][cols], with the kernels impl selects.
+ * Threads split rows; each output element is computed the same way whatever n
+ * or the thread count. KKV_ERR_UNSUPPORTED if impl cannot run on this
  * CPU/build or w->type is not computable, KKV_ERR_INVALID_ARG for an
  * inconsistent w (cols not a whole number of blocks, row_bytes wrong) or n < 0,
  * KKV_ERR_NOMEM if the activation scratch cannot be allocated (out unchanged).

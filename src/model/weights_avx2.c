@@ -1,4 +1,4 @@
-/* AVX2 dot kernels for kkv_matmul (compiled with -mavx2 -mfma -mf16c; run
+/* AVX2 dot kernels for kkv_matmul_ex (compiled with -mavx2 -mfma -mf16c; run
  * only when kkv_cpu_get()->avx2). Same arithmetic as the scalar kernels in
  * weights.c except the order of the fp32 additions: each (weight block,
  * activation block) product is exact in int32, scaled by d_w * d_x and added
