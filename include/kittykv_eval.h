@@ -23,7 +23,7 @@
  *         int32_t *toks;
  *         int n;
  *         if (kkv_tokenize_alloc(m, &toks, &n, text, strlen(text), 1, 0) != KKV_OK) return 1;
- *         const char *specs[] = {"kivi-k2v2", "kitty:group=8:sink=2:window=4"};
+ *         const char *specs[] = {"kivi-k2v2:group=8:window=4", "kitty:group=8:sink=2:window=4"};
  *         kkv_eval_config cfg = kkv_eval_defaults();
  *         cfg.n_tokens = n;
  *         cfg.score_from = 4;

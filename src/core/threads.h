@@ -6,6 +6,7 @@
 #ifndef KKV_CORE_THREADS_H
 #define KKV_CORE_THREADS_H
 
+#include "core/export.h"
 #include "kittykv_cpu.h"
 
 /* The library's name for the public kkv_threadpool. */
@@ -16,12 +17,12 @@ typedef kkv_threadpool kkv_tp;
 
 /* n_threads <= 1 gives a pool that runs everything on the caller's thread.
  * *out = NULL is valid for that case too. */
-kkv_status kkv_tp_create(kkv_tp **out, int n_threads);
-void       kkv_tp_free(kkv_tp *tp);
+KKV_LAYER_API kkv_status kkv_tp_create(kkv_tp **out, int n_threads);
+KKV_LAYER_API void kkv_tp_free(kkv_tp *tp);
 /* Threads the pool runs tasks on, the caller included (>= 1; 1 for NULL). */
-int        kkv_tp_size(const kkv_tp *tp);
+KKV_LAYER_API int kkv_tp_size(const kkv_tp *tp);
 /* tp may be NULL (serial). Not reentrant: a task must not call kkv_tp_run on
  * the same pool. */
-void       kkv_tp_run(kkv_tp *tp, int n_tasks, kkv_task_fn fn, void *ctx);
+KKV_LAYER_API void kkv_tp_run(kkv_tp *tp, int n_tasks, kkv_task_fn fn, void *ctx);
 
 #endif
