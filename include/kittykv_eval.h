@@ -139,6 +139,49 @@ kkv_status kkv_eval_cache_create(kkv_cache **out, int *seq, const kkv_model *m,
 kkv_status kkv_eval_tokenize_file(int32_t **tokens, int *n, const kkv_model *m,
                                   const char *path);
 
+/* ---------------------------------------------------------------- passkey */
+
+/* Passkey retrieval: a 5-digit key hidden at a chosen depth of a synthetic
+ * haystack (filler sentences) inside SmolLM2's ChatML template; the assistant
+ * turn starts with "The pass key is", and a trial passes when the greedy
+ * answer (at most KKV_PASSKEY_ANSWER_TOKENS tokens, stopping at end of turn)
+ * contains the key. Every method sees exactly the same token ids. */
+#define KKV_PASSKEY_ANSWER_TOKENS 8
+#define KKV_PASSKEY_ANSWER_BYTES  256
+
+typedef struct kkv_passkey_config {
+    const int   *lengths;   /* [n_lengths] prompt lengths in tokens (borrowed) */
+    int          n_lengths;
+    const float *depths;    /* [n_depths] needle depths in [0, 1] (borrowed)   */
+    int          n_depths;
+    int          trials;    /* keys per (method, length, depth), >= 1         */
+    uint64_t     seed;      /* of the keys                                    */
+    int          n_threads; /* attention threads of each cache (0: caller)    */
+    kkv_eval_progress_fn progress; /* per trial, or NULL                       */
+    void        *progress_user;
+} kkv_passkey_config;
+
+/* Lengths 1024..8192, depths 0.1/0.5/0.9, 3 trials, seed 1 (static arrays). */
+kkv_passkey_config kkv_passkey_defaults(void);
+
+typedef struct kkv_passkey_cell {
+    int     tokens;            /* prompt length built, in tokens               */
+    int     trials, correct;
+    double  accuracy;          /* correct / trials                             */
+    double  ci_lo, ci_hi;      /* 95% Wilson score interval of the accuracy    */
+    int    *keys;              /* [trials] the keys, owned                     */
+    char  (*answers)[KKV_PASSKEY_ANSWER_BYTES]; /* [trials] answers, owned     */
+} kkv_passkey_cell;
+
+/* Runs every spec over every (length, depth, trial). cells:
+ * [n_specs][n_lengths][n_depths], filled; free their arrays with
+ * kkv_passkey_cells_free (a failed run frees them itself). */
+kkv_status kkv_passkey_run(kkv_passkey_cell *cells, kkv_model *m, const kkv_passkey_config *cfg,
+                           const char *const *specs, int n_specs);
+void       kkv_passkey_cells_free(kkv_passkey_cell *cells, size_t n);
+/* The filler sentence and the needle's printf format (for help texts). */
+void       kkv_passkey_texts(const char **filler, const char **needle);
+
 /* ---------------------------------------------------------------- statistics */
 
 /* out[v] = x[v] - logsumexp(x), in double. out: [n], x: [n], n >= 1. Two calls
