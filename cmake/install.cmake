@@ -1,6 +1,25 @@
 # Installation of the three layers: headers, static and shared libraries, one
 # pkg-config file per library and a CMake package with kittykv::kittykv,
 # kittykv::model and kittykv::eval (static; *_shared for the shared ones).
+#
+# Under scikit-build-core (`pip install .`, SKBUILD set) only the three shared
+# libraries are installed, into the Python package's folder next to
+# python/kittykv/*.py, which loads them with ctypes. They get no version suffix
+# (a wheel is a zip: symlinks would become copies) and an $ORIGIN rpath, so
+# libkittykv-eval.so finds libkittykv-model.so and libkittykv.so beside it.
+if(SKBUILD)
+  set(KKV_PY_LIBS kittykv_shared kittykv_model_shared kittykv_eval_shared)
+  foreach(t ${KKV_PY_LIBS})
+    set_property(TARGET ${t} PROPERTY VERSION)
+    set_property(TARGET ${t} PROPERTY SOVERSION)
+    set_target_properties(${t} PROPERTIES INSTALL_RPATH "$ORIGIN")
+  endforeach()
+  install(TARGETS ${KKV_PY_LIBS}
+          LIBRARY DESTINATION ${SKBUILD_PLATLIB_DIR}/kittykv COMPONENT python
+          RUNTIME DESTINATION ${SKBUILD_PLATLIB_DIR}/kittykv COMPONENT python)
+  return()
+endif()
+
 include(CMakePackageConfigHelpers)
 
 install(FILES ${KKV_INC}/kittykv.h ${KKV_INC}/kittykv_cpu.h ${KKV_INC}/kittykv_model.h

@@ -1,0 +1,203 @@
+"""The core API without a model: methods, specs, errors, the cache lifecycle
+against a numpy reference, closed handles, zero-copy inputs."""
+import os
+
+import numpy as np
+import pytest
+
+import kittykv
+from kittykv.core import _f32
+
+
+def test_imported_from_the_installed_package():
+    # scripts/test.sh runs the suite against the wheel, not python/ in the tree
+    if os.environ.get("KITTYKV_EXPECT_INSTALLED", "") not in ("", "0"):
+        src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+        assert not os.path.abspath(kittykv.__file__).startswith(src)
+        assert os.path.exists(os.path.join(os.path.dirname(kittykv.__file__),
+                                           "libkittykv.so"))
+
+
+def test_methods_are_the_named_ones():
+    names = kittykv.methods()
+    assert names[0] == "fp16"
+    assert {"kivi-k2v2", "kivi-k2v2s", "kitty", "kitty-pro"} <= set(names)
+    for n in names:
+        m = kittykv.Method.parse(n)
+        assert str(m) == n
+        assert kittykv.Method.parse(str(m)) == m
+
+
+def test_method_fields_and_format():
+    m = kittykv.Method.parse("kitty:alpha=0.25:select=variance")
+    assert (m.alpha, m.select, m.sink, m.group, m.window, m.value_bits) == \
+        (0.25, "variance", 32, 128, 128, 2)
+    assert not m.fp16
+    assert kittykv.Method.parse(str(m)) == m
+    assert m.boost(64) == 16
+    r = kittykv.Method.parse("kitty:alpha=0.5:select=random:seed=3")
+    assert (r.select, r.seed) == ("random", 3)
+    assert kittykv.Method("kitty", alpha=0.5, select="random", seed=3) == r
+    assert m.replace(window=64).window == 64
+    assert kittykv.Method.parse("fp16").fp16
+    assert hash(kittykv.Method("kitty")) == hash(kittykv.Method.parse("kitty"))
+
+
+@pytest.mark.parametrize("spec,exc", [
+    ("nope", kittykv.NotFound),
+    ("kitty:alpha=3", kittykv.InvalidArgument),
+    ("kitty:alpha=0.1:alpha=0.2", kittykv.InvalidArgument),
+    ("fp16:alpha=0.5", kittykv.InvalidArgument),
+    ("kitty:bogus=1", kittykv.InvalidArgument),
+])
+def test_bad_specs_raise(spec, exc):
+    with pytest.raises(exc) as e:
+        kittykv.Method.parse(spec)
+    assert isinstance(e.value, kittykv.Error)
+    assert e.value.status == exc.status
+    assert spec.split(":")[0] in str(e.value) or "alpha" in str(e.value) or \
+        "bogus" in str(e.value)
+
+
+def test_error_classes_follow_kkv_status():
+    assert "pool full" in kittykv.status_str(3)
+    assert issubclass(kittykv.InvalidArgument, ValueError)
+    assert issubclass(kittykv.FileError, OSError)
+    assert kittykv.PoolFull.status == 3 and kittykv.ContextFull.status == 9
+
+
+def _attn_ref(q, k, v):
+    """softmax(q.k / sqrt(D)) v in float64, q [D], k/v [n][D]."""
+    s = k.astype(np.float64) @ q.astype(np.float64) / np.sqrt(q.shape[0])
+    p = np.exp(s - s.max())
+    return (p / p.sum()) @ v.astype(np.float64)
+
+
+def test_fp16_cache_matches_numpy_attention():
+    rng = np.random.default_rng(1)
+    H, D, T = 2, 36, 150
+    with kittykv.Cache(2, H, D, "fp16", 8 << 20) as c:
+        s = c.add_sequence()
+        K = rng.standard_normal((T, H, D), dtype=np.float32)
+        V = rng.standard_normal((T, H, D), dtype=np.float32)
+        Q = rng.standard_normal((2 * H, D), dtype=np.float32)  # GQA: 2 query heads per KV head
+        for t in range(T):
+            c.append(s, 1, K[t], V[t])
+            out = c.attend(s, 1, Q)
+            c.flush(s, 1)
+        assert c.seq_len(s, 1) == T and c.seq_len(s, 0) == 0
+        for h in range(H):
+            k, v = c.read(s, 1, h)
+            kh = K[:, h].astype(np.float16).astype(np.float32)
+            vh = V[:, h].astype(np.float16).astype(np.float32)
+            assert np.array_equal(k, kh) and np.array_equal(v, vh)
+            for qh in (2 * h, 2 * h + 1):
+                ref = _attn_ref(Q[qh], kh, vh)
+                assert np.max(np.abs(out[qh] - ref)) < 1e-4
+        m = c.mem(s)
+        assert m["total"] == m["fp16"] == 2 * T * H * D * 2
+
+
+def test_quantized_cache_reads_back_what_attention_sees():
+    rng = np.random.default_rng(2)
+    D = 64
+    with kittykv.Cache(1, 1, D, "kitty:group=8:sink=2:window=4", 4 << 20) as c:
+        s = c.add_sequence()
+        K = rng.standard_normal((40, D), dtype=np.float32)
+        V = rng.standard_normal((40, D), dtype=np.float32)
+        c.extend(s, 0, K, V)
+        q = rng.standard_normal(D, dtype=np.float32)
+        out = c.attend(s, 0, q)
+        k, v = c.read(s, 0, 0)
+        assert np.max(np.abs(out - _attn_ref(q, k, v))) < 1e-4
+        info = c.info(s, 0)
+        assert info["len"] == 40 and info["sink"] == 2 and info["key_pages"] >= 4
+        page = c.key_page(s, 0, 0, 0)
+        assert page.dtype == np.uint8 and page.size > 0
+        m = c.mem(s)
+        assert 0 < m["bits_per_element"] < 16
+        assert m["key_hi"] > 0  # kitty boosts some channels
+        f = c.fork(s) if kittykv.core._lib.seq_fork else None
+        if f is not None:
+            assert np.array_equal(c.read(f, 0, 0)[0], k)
+
+
+def test_bad_input_raises_and_leaves_the_cache_as_it_was():
+    D = 16
+    with kittykv.Cache(1, 1, D, "kivi-k2v2", 1 << 20) as c:
+        s = c.add_sequence()
+        c.append(s, 0, np.ones(D), np.ones(D))
+        c.flush(s, 0)
+        bad = np.ones(D)
+        bad[3] = np.nan
+        with pytest.raises(kittykv.NonFinite):
+            c.append(s, 0, bad, np.ones(D))
+        assert c.seq_len(s, 0) == 1
+        with pytest.raises(kittykv.InvalidArgument):
+            c.append(s, 0, np.ones(D + 1), np.ones(D))
+        with pytest.raises(kittykv.InvalidArgument):
+            c.attend(s, 0, np.ones((2, D + 4)))
+        with pytest.raises(kittykv.NotFound):
+            c.read(7, 0, 0)
+        with pytest.raises(kittykv.InvalidArgument):
+            c.read(s, 0, 5)
+        with pytest.raises(kittykv.Error):
+            c.append(s, 3, np.ones(D), np.ones(D))
+        assert c.seq_len(s, 0) == 1
+    with pytest.raises(kittykv.InvalidArgument):
+        kittykv.Cache(1, 1, 30, "kitty", 1 << 20)  # head_dim must be a multiple of 4
+
+
+def test_pool_full():
+    with kittykv.Cache(1, 1, 64, "kitty", 64 << 10) as c:
+        with pytest.raises(kittykv.PoolFull):
+            for _ in range(1000):
+                c.add_sequence()
+
+
+def test_closed_handles_raise_instead_of_crashing():
+    c = kittykv.Cache(1, 1, 32, "kitty", 1 << 20)
+    s = c.add_sequence()
+    c.close()
+    c.close()  # twice is fine
+    assert c.closed
+    for call in (lambda: c.add_sequence(), lambda: c.append(s, 0, np.ones(32), np.ones(32)),
+                 lambda: c.attend(s, 0, np.ones(32)), lambda: c.flush(s, 0),
+                 lambda: c.read(s, 0, 0), lambda: c.mem(s), lambda: c.mem(),
+                 lambda: c.free_bytes, lambda: c.seq_len(s), lambda: c.info(s),
+                 lambda: c.kernel):
+        with pytest.raises(kittykv.ClosedError):
+            call()
+    with kittykv.Cache(1, 1, 32, "kitty", 1 << 20) as c2:
+        pass
+    with pytest.raises(kittykv.ClosedError):
+        c2.add_sequence()
+
+
+def test_float32_inputs_are_not_copied():
+    a = np.zeros((4, 8), np.float32)
+    assert _f32(a, "x") is a
+    b = np.zeros((4, 8), np.float64)
+    assert _f32(b, "x").dtype == np.float32
+    t = np.zeros((8, 4), np.float32).T  # not C-contiguous: a copy is needed
+    assert not np.shares_memory(_f32(t, "x"), t)
+
+
+def test_quantize_shapes_and_errors():
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((300, 64), dtype=np.float32)
+    q = kittykv.quantize(k, method="kitty")
+    assert q.keys.shape == k.shape and q.values is None
+    assert q.n_boost == 8 and q.bytes["value_codes"] == 0
+    assert q.bytes["total"] == sum(q.bytes[f] for f in ("key_lo", "key_hi", "key_idx",
+                                                        "key_meta", "fp16"))
+    f = kittykv.quantize(k, method="fp16")
+    assert np.array_equal(f.keys, k.astype(np.float16).astype(np.float32))
+    with pytest.raises(kittykv.InvalidArgument):
+        kittykv.quantize(k, k[:10])
+    with pytest.raises(kittykv.InvalidArgument):
+        kittykv.quantize(np.zeros((0, 64)))
+    with pytest.raises(kittykv.NonFinite):
+        bad = k.copy()
+        bad[5, 5] = np.inf
+        kittykv.quantize(bad)
