@@ -178,6 +178,11 @@ static int left_col(char *buf, size_t cap, const opt_def *d) {
 void opts_help(FILE *f, const char *cmd, const char *synopsis, const opt_def *defs, int n,
                const char *epilog) {
     fprintf(f, "usage: kittykv %s %s\n\noptions:\n", cmd, synopsis ? synopsis : "[options]");
+    opts_help_options(f, defs, n);
+    if (epilog) fprintf(f, "\n%s", epilog);
+}
+
+void opts_help_options(FILE *f, const opt_def *defs, int n) {
     int width = 0;
     char buf[160];
     for (int k = 0; k < n; k++) {
@@ -210,7 +215,6 @@ void opts_help(FILE *f, const char *cmd, const char *synopsis, const opt_def *de
         }
     }
     fprintf(f, "  -h, --help%*s  this text\n", width > 10 ? width - 10 : 0, "");
-    if (epilog) fprintf(f, "\n%s", epilog);
 }
 
 int opts_run(const char *cmd, const char *synopsis, const opt_def *defs, int n,
