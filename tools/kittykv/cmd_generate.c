@@ -315,7 +315,7 @@ static int run_method(method_run *res, const opts *o, kkv_model *m,
         return fail("sizing the KV pool");
     kkv_cache *cache;
     if (kkv_cache_create(&cache, &cfg) != KKV_OK) return fail("creating the KV cache");
-    int rc = 0, seq;
+    int rc = 0, seq = 0;
     if (kkv_cache_set_threadpool(cache, tp) != KKV_OK) rc = fail("thread pool");
     for (int i = 0; !rc && i < n_prompt; i++)
         if (kkv_sampler_accept(smp, prompt[i]) != KKV_OK) rc = fail("sampler");
