@@ -32,6 +32,7 @@ QUANT_CASES = [
      "kitty:alpha=0.25:select=variance"),
     (["--method", "kitty", "--select", "random", "--seed", "7", "--group", "32",
       "--sink", "4", "--window", "16"], "kitty:select=random:seed=7:group=32:sink=4:window=16"),
+    (["--kv", "kivi-k2v4s:group=16:window=8"], "kivi-k2v4s:group=16:window=8"),
 ]
 
 
@@ -74,7 +75,7 @@ def test_eval_equals_cli_json(cli, model, model_path, tmp_path):
     n = len(model.tokenize(TEXT))
     ctx, score_from = min(n, 90), 12
     p = _run(cli, "eval", "-m", model_path, "-f", tmp_path / "t.txt", "--ctx", ctx,
-             "--score-from", score_from, "--methods", ",".join(EVAL_METHODS), "-t", 2,
+             "--score-from", score_from, "--chunk", 16, "--methods", ",".join(EVAL_METHODS), "-t", 2,
              "--json")
     js = json.loads(p.stdout.strip().splitlines()[-1])
     r = model.eval(TEXT, EVAL_METHODS, ctx, score_from=score_from, chunk=7)
@@ -102,7 +103,7 @@ PROMPT = ("A lighthouse keeper on a small northern island kept a careful log of 
           "ship that passed, and in winter the storms came from the west. ") * 6
 
 
-@pytest.mark.parametrize("kv", ["kitty", "fp16", "kivi-k2v2"])
+@pytest.mark.parametrize("kv", ["kitty", "fp16", "kivi-k2v2", "kitty:alpha=0.25"])
 def test_greedy_generate_equals_cli(cli, model, model_path, tmp_path, kv):
     n = 12
     ids = tmp_path / "ids.txt"
@@ -115,3 +116,15 @@ def test_greedy_generate_equals_cli(cli, model, model_path, tmp_path, kv):
     assert g.tokens == cli_ids
     assert text == p.stdout.rstrip("\n")
     assert g.mem is not None and g.mem["tokens"] > 0
+
+
+def test_seeded_sampling_equals_cli(cli, model, model_path, tmp_path):
+    ids = tmp_path / "ids.txt"
+    _run(cli, "generate", "-m", model_path, "-t", 2, "-p", "Once upon a time", "-n", 16,
+         "--temp", 0.9, "--top-k", 40, "--top-p", 0.9, "--min-p", 0.02,
+         "--repeat-penalty", 1.1, "--repeat-last-n", 16, "--seed", 5, "--ids-out", ids)
+    cli_ids = [int(x) for x in ids.read_text().strip().split(",") if x]
+    g = model.generate("Once upon a time", 16, temperature=0.9, top_k=40, top_p=0.9,
+                       min_p=0.02, repeat_penalty=1.1, repeat_last_n=16, seed=5)
+    g.text()
+    assert g.tokens == cli_ids
