@@ -51,10 +51,16 @@ core, model, evl = _load()
 # Each mirrors the header's struct in order; the enums are C ints.
 
 
+# Libraries with kkv_seq_fork came with two struct changes: kkv_method gained
+# eager_values and kkv_mem shared/used. test_layout.py holds the structs below
+# against the headers the package was built from.
+HAS_FORK = hasattr(core, "kkv_seq_fork")
+
+
 class Method(Structure):  # kkv_method
     _fields_ = [("fp16", c_int), ("sink", c_int), ("group", c_int), ("window", c_int),
                 ("alpha", c_float), ("value_bits", c_int), ("select", c_int),
-                ("seed", c_uint64)]
+                ("seed", c_uint64)] + ([("eager_values", c_int)] if HAS_FORK else [])
 
 
 class CacheConfig(Structure):  # kkv_cache_config
@@ -72,7 +78,7 @@ MEM_FIELDS = ["key_lo", "key_hi", "key_idx", "key_meta", "value_codes", "value_m
               "fp16", "total", "capacity", "tokens"]
 
 
-MEM_EXTRA = []  # uint64 fields after bits_per_element
+MEM_EXTRA = ["shared", "used"] if HAS_FORK else []  # uint64s after bits_per_element
 
 
 class Mem(Structure):  # kkv_mem
@@ -179,7 +185,23 @@ _decl(core, "kkv_cache_get_kernel", c_int, c_void_p)
 _decl(core, "kkv_cache_set_kernel", st, c_void_p, c_int)
 _decl(core, "kkv_cpu_count", c_int)
 # optional: forks of a sequence, saved states (not in every version)
+
+
+class StateMeta(Structure):  # kkv_state_meta
+    _fields_ = [("model_fingerprint", c_uint64), ("tokens", c_void_p), ("n_tokens", c_int)]
+
+
 seq_fork = _opt(core, "kkv_seq_fork", st, c_void_p, POINTER(c_int), c_int)
+seq_save = _opt(core, "kkv_seq_save", st, c_void_p, c_void_p, c_size_t, POINTER(c_size_t),
+                c_int, POINTER(StateMeta))
+seq_save_file = _opt(core, "kkv_seq_save_file", st, c_void_p, c_char_p, c_int,
+                     POINTER(StateMeta))
+seq_load = _opt(core, "kkv_seq_load", st, c_void_p, POINTER(c_int), c_void_p, c_size_t,
+                c_uint64, I32P, c_int, POINTER(c_int))
+seq_load_file = _opt(core, "kkv_seq_load_file", st, c_void_p, POINTER(c_int), c_char_p,
+                     c_uint64, I32P, c_int, POINTER(c_int))
+if seq_save is not None:
+    STRUCTS["kkv_state_meta"] = StateMeta
 
 # model
 _decl(model, "kkv_model_load", st, POINTER(c_void_p), c_char_p, c_int)
@@ -187,6 +209,7 @@ _decl(model, "kkv_model_load_vocab", st, POINTER(c_void_p), c_char_p, c_char_p)
 _decl(model, "kkv_model_free", None, c_void_p)
 _decl(model, "kkv_model_get_info", None, c_void_p, POINTER(ModelInfo))
 _decl(model, "kkv_model_set_exact_matmul", st, c_void_p, c_int)
+model_fingerprint = _opt(model, "kkv_model_fingerprint", c_uint64, c_void_p)
 _decl(model, "kkv_model_cache_config", CacheConfig, c_void_p, POINTER(Method), c_size_t)
 _decl(model, "kkv_model_forward", st, c_void_p, c_void_p, F32P, c_int, I32P, c_int, c_int)
 _decl(model, "kkv_tokenize_alloc", st, c_void_p, POINTER(POINTER(c_int32)), POINTER(c_int), c_char_p,

@@ -1,5 +1,6 @@
 """Methods, the quantizer and the paged cache (the core library, kittykv.h)."""
 import ctypes
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -58,8 +59,10 @@ class Method:
                     if v not in SELECT_NAMES:
                         raise InvalidArgument(f"select: '{v}' is not one of {SELECT_NAMES}")
                     v = SELECT_NAMES.index(v)
+                if k == "eager":
+                    k = "eager_values"
                 if k not in ("sink", "group", "window", "alpha", "value_bits", "select",
-                             "seed"):
+                             "seed") + (("eager_values",) if _lib.HAS_FORK else ()):
                     raise InvalidArgument(f"Method: unknown field '{k}'")
                 setattr(m, k, v)
             # the library's own rules decide what is consistent: format what we
@@ -89,10 +92,13 @@ class Method:
     value_bits = property(lambda self: self._m.value_bits)
     select = property(lambda self: SELECT_NAMES[self._m.select])
     seed = property(lambda self: int(self._m.seed))
+    # eager value quantization (spec key eager=1), in libraries that have it
+    eager_values = property(lambda self: bool(getattr(self._m, "eager_values", 0)))
 
     def replace(self, **overrides):
         """A copy with some fields changed (sink, group, window, alpha,
-        value_bits, select, seed), checked like a parsed spec."""
+        value_bits, select, seed; eager_values where the library has it),
+        checked like a parsed spec."""
         return Method(str(self), **overrides)
 
     def check(self, head_dim):
@@ -105,7 +111,8 @@ class Method:
 
     def _key(self):
         m = self._m
-        return (m.fp16, m.sink, m.group, m.window, m.alpha, m.value_bits, m.select, m.seed)
+        return (m.fp16, m.sink, m.group, m.window, m.alpha, m.value_bits, m.select, m.seed,
+                getattr(m, "eager_values", 0))
 
     def __eq__(self, other):
         return isinstance(other, Method) and self._key() == other._key()
@@ -129,6 +136,11 @@ def _format(m):
 def as_method(method):
     """A Method from a Method or a spec string."""
     return method if isinstance(method, Method) else Method.parse(method)
+
+
+def _fingerprint(model):
+    """The model's kkv_model_fingerprint, or 0 for None."""
+    return 0 if model is None else model.fingerprint
 
 
 def _mem_dict(mem):
@@ -310,6 +322,57 @@ class Cache(Handle):
         with self._use() as c:
             check(_lib.seq_fork(c, ctypes.byref(s), int(seq)), "fork")
         return s.value
+
+    def save(self, seq, path=None, *, tokens=None, model=None):
+        """Saves sequence seq (kkv_seq_save; docs/STATE_FORMAT.md): to the file
+        at path (written whole, then renamed into place), or, without path,
+        returned as bytes. tokens: the ids the sequence holds, stored with it;
+        model: a Model whose fingerprint the state records (load then refuses
+        states of other models). Unsupported without kkv_seq_save."""
+        if _lib.seq_save is None:
+            raise Unsupported("save: this build of libkittykv has no kkv_seq_save")
+        t = np.ascontiguousarray(tokens if tokens is not None else [], dtype=np.int32)
+        meta = _lib.StateMeta(model_fingerprint=_fingerprint(model),
+                              tokens=t.ctypes.data if len(t) else None, n_tokens=len(t))
+        with self._use() as c:
+            if path is not None:
+                check(_lib.seq_save_file(c, os.fsencode(path), int(seq), ctypes.byref(meta)),
+                      "save")
+                return None
+            n = ctypes.c_size_t()
+            check(_lib.seq_save(c, None, 0, ctypes.byref(n), int(seq), ctypes.byref(meta)),
+                  "save")
+            buf = ctypes.create_string_buffer(n.value)
+            check(_lib.seq_save(c, buf, n.value, ctypes.byref(n), int(seq),
+                                ctypes.byref(meta)), "save")
+        return buf.raw[:n.value]
+
+    def load(self, state, *, model=None):
+        """Adds a sequence from a saved state: bytes-like (read in place) or a
+        path. Returns (seq, tokens), tokens the int32 ids saved with it. The
+        state must have this cache's method and shape (and model's
+        fingerprint if given): FormatError otherwise, or for any corruption;
+        the cache is then as it was."""
+        if _lib.seq_load is None:
+            raise Unsupported("load: this build of libkittykv has no kkv_seq_load")
+        fp = _fingerprint(model)
+        is_path = isinstance(state, (str, os.PathLike))
+        data = None if is_path else np.frombuffer(state, dtype=np.uint8)
+        seq, nt = ctypes.c_int(), ctypes.c_int()
+        toks = np.zeros(1, np.int32)  # grown below if the state holds more ids
+        with self._use() as c:
+            def attempt(toks):
+                if is_path:
+                    return _lib.seq_load_file(c, ctypes.byref(seq), os.fsencode(state), fp,
+                                              toks.ctypes.data, len(toks), ctypes.byref(nt))
+                return _lib.seq_load(c, ctypes.byref(seq), data.ctypes.data, data.size, fp,
+                                     toks.ctypes.data, len(toks), ctypes.byref(nt))
+            s = attempt(toks)
+            if s != 0 and nt.value > len(toks):  # nothing was added: room for the ids
+                toks = np.zeros(nt.value, np.int32)
+                s = attempt(toks)
+            check(s, "load")
+        return seq.value, toks[:nt.value].copy()
 
     def seq_len(self, seq, layer=0):
         """Tokens appended to one layer of a sequence."""

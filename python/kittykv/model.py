@@ -5,7 +5,7 @@ import os
 import numpy as np
 
 from . import _lib
-from ._errors import InvalidArgument, check
+from ._errors import InvalidArgument, Unsupported, check
 from ._handle import Handle
 from .core import Cache, Method, _mem_dict, as_method
 from .core import methods as _method_names
@@ -80,6 +80,15 @@ class Model(Handle):
             v = getattr(self._info, f)
             d[f] = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
         return d
+
+    @property
+    def fingerprint(self):
+        """A 64-bit fingerprint of the weights (kkv_model_fingerprint), which
+        saved cache states record. Unsupported in builds without it."""
+        if _lib.model_fingerprint is None:
+            raise Unsupported("fingerprint: this build has no kkv_model_fingerprint")
+        with self._use() as m:
+            return int(_lib.model_fingerprint(m))
 
     n_vocab = property(lambda self: self._info.n_vocab)
     bos = property(lambda self: self._info.bos)

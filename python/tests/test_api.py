@@ -201,3 +201,72 @@ def test_quantize_shapes_and_errors():
         bad = k.copy()
         bad[5, 5] = np.inf
         kittykv.quantize(bad)
+
+
+needs_fork = pytest.mark.skipif(kittykv.core._lib.seq_fork is None,
+                                reason="this libkittykv has no kkv_seq_fork")
+needs_state = pytest.mark.skipif(kittykv.core._lib.seq_save is None,
+                                 reason="this libkittykv has no kkv_seq_save/kkv_seq_load")
+
+
+def _filled(c, seq, T, rng):
+    H, D = c.n_kv_heads, c.head_dim
+    for layer in range(c.n_layers):
+        c.extend(seq, layer, rng.standard_normal((T, H, D), dtype=np.float32),
+                 rng.standard_normal((T, H, D), dtype=np.float32))
+
+
+@needs_fork
+def test_fork_continues_exactly_as_the_parent():
+    rng = np.random.default_rng(5)
+    with kittykv.Cache(2, 2, 32, "kitty:group=8:sink=2:window=4", 8 << 20) as c:
+        p = c.add_sequence()
+        _filled(c, p, 45, rng)
+        f = c.fork(p)
+        assert f != p and c.seq_len(f, 1) == 45
+        k = rng.standard_normal((2, 32), dtype=np.float32)
+        q = rng.standard_normal((4, 32), dtype=np.float32)
+        outs = []
+        for s in (p, f):
+            c.append(s, 0, k, k)
+            outs.append(c.attend(s, 0, q))
+            c.flush(s, 0)
+        assert np.array_equal(outs[0], outs[1])
+        assert c.mem(f)["shared"] > 0
+        c.free_sequence(p)
+        assert c.read(f, 1, 1)[0].shape == (45, 32)
+        with pytest.raises(kittykv.NotFound):
+            c.fork(p)
+
+
+@needs_state
+def test_save_load_round_trip(tmp_path):
+    rng = np.random.default_rng(6)
+    spec = "kitty:group=8:sink=2:window=4"
+    with kittykv.Cache(2, 2, 32, spec, 8 << 20) as a, kittykv.Cache(2, 2, 32, spec, 8 << 20) as b:
+        s = a.add_sequence()
+        _filled(a, s, 37, rng)
+        ids = np.arange(37, dtype=np.int32) * 3
+        blob = a.save(s, tokens=ids)
+        assert isinstance(blob, bytes) and len(blob) > 0
+        t, toks = b.load(blob)
+        assert np.array_equal(toks, ids)
+        for layer in range(2):
+            for h in range(2):
+                ka, va = a.read(s, layer, h)
+                kb, vb = b.read(t, layer, h)
+                assert np.array_equal(ka, kb) and np.array_equal(va, vb)
+        a.save(s, tmp_path / "seq.kkv")
+        t2, toks2 = b.load(tmp_path / "seq.kkv")
+        assert toks2.size == 0 and b.seq_len(t2, 1) == 37
+        bad = bytearray(blob)
+        bad[len(bad) // 2] ^= 0x40
+        before = b.mem()
+        with pytest.raises(kittykv.FormatError):
+            b.load(bytes(bad))
+        assert b.mem() == before
+        with kittykv.Cache(2, 2, 32, "kivi-k2v2", 8 << 20) as other:
+            with pytest.raises(kittykv.FormatError):
+                other.load(blob)
+        with pytest.raises(kittykv.FileError):
+            b.load(tmp_path / "missing.kkv")
