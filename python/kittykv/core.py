@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 
 from . import _lib
-from ._errors import InvalidArgument, NotFound, Unsupported, check
+from ._errors import InvalidArgument, NonFinite, NotFound, Unsupported, check
 from ._handle import Handle
 
 _L = _lib.core
@@ -414,15 +414,19 @@ class Cache(Handle):
 
     def extend(self, seq, layer, keys, values):
         """append() then flush() for each of T tokens: keys, values
-        [T][n_kv_heads][head_dim] ([T][head_dim] with one head)."""
+        [T][n_kv_heads][head_dim] ([T][head_dim] with one head). NaN or Inf
+        anywhere raises NonFinite before anything is stored; another failure
+        (PoolFull, ContextFull) keeps the tokens before the failing one."""
         H, D = self._cfg.n_kv_heads, self._cfg.head_dim
-        k = _f32(keys, "keys").reshape(-1, H * D) if np.size(keys) else np.zeros((0, H * D))
-        v = _f32(values, "values").reshape(-1, H * D) if np.size(values) else \
-            np.zeros((0, H * D))
-        if k.shape != v.shape:
-            raise InvalidArgument(f"extend: keys {k.shape} and values {v.shape} differ")
-        k = np.ascontiguousarray(k, np.float32)
-        v = np.ascontiguousarray(v, np.float32)
+        k, v = _f32(keys, "keys"), _f32(values, "values")
+        for name, a in (("keys", k), ("values", v)):
+            if not ((a.ndim == 3 and a.shape[1:] == (H, D)) or
+                    (a.ndim == 2 and H == 1 and a.shape[1] == D)):
+                raise InvalidArgument(f"extend: {name} must be [T][{H}][{D}], got {a.shape}")
+        if k.shape[0] != v.shape[0]:
+            raise InvalidArgument(f"extend: {k.shape[0]} keys but {v.shape[0]} values")
+        if not (np.isfinite(k).all() and np.isfinite(v).all()):
+            raise NonFinite("extend: NaN or Inf in keys or values; nothing stored")
         row = H * D * 4
         with self._use() as c:
             for t in range(k.shape[0]):
