@@ -63,6 +63,8 @@ typedef struct kkv_eval_config {
     int            score_from; /* P: tokens prefilled before scoring, >= 1      */
     int            chunk;      /* tokens per forward call while scoring, >= 1   */
     int            n_threads;  /* attention threads of each cache (0: caller)   */
+    kkv_threadpool *pool;      /* or: every cache borrows this pool (and then
+                                  n_threads is ignored); NULL: their own       */
     int            keep_kld;   /* keep the per-position KL arrays in results    */
     const uint8_t *ranks;      /* [n_layers][n_kv_heads][head_dim] channel
                                   rankings for select=oracle specs, or NULL
@@ -151,6 +153,7 @@ typedef struct kkv_passkey_config {
     int          trials;    /* keys per (method, length, depth), >= 1         */
     uint64_t     seed;      /* of the keys                                    */
     int          n_threads; /* attention threads of each cache (0: caller)    */
+    kkv_threadpool *pool;   /* or: the cache borrows this pool; NULL: its own */
     kkv_eval_progress_fn progress; /* per trial, or NULL                       */
     void        *progress_user;
 } kkv_passkey_config;

@@ -312,8 +312,9 @@ kkv_status kkv_eval_run(kkv_eval_result *res, kkv_eval_result *ref, kkv_model *m
         const kkv_method *mt = i ? &parsed[i - 1].method : &fp16;
         const char *name = i ? specs[i - 1] : "fp16";
         if (i && !strcmp(specs[i - 1], "fp16")) continue;
-        st = kkv_eval_cache_create(&lanes[i].cache, &lanes[i].seq, m, mt, N, cfg->n_threads,
-                                   cfg->ranks);
+        st = kkv_eval_cache_create(&lanes[i].cache, &lanes[i].seq, m, mt, N,
+                                   cfg->pool ? 1 : cfg->n_threads, cfg->ranks);
+        if (st == KKV_OK && cfg->pool) st = kkv_cache_set_threadpool(lanes[i].cache, cfg->pool);
         if (st != KKV_OK) {
             st = fail_with(st, "creating the cache", name);
             goto done;
