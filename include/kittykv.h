@@ -288,11 +288,19 @@ typedef struct kkv_model_info {
     int   eos;
     int   eot;           /* end of turn (<|im_end|>), -1 if none */
     uint64_t weight_bytes;
+    /* RoPE layout: which dims of a head rotate together. 0: adjacent pairs
+     * (2i, 2i+1) (llama: llama.cpp's converter permutes Q/K rows so);
+     * 1: NeoX halves (i, i + rope_dims/2) (qwen2, qwen3). Pair i turns by
+     * pos * theta^(-2i/rope_dims), divided by any rope scaling. */
+    int   rope_neox;
+    int   rope_dims;     /* dims of each head that rotate (<= head_dim) */
 } kkv_model_info;
 
 /* Loads a GGUF model (mmap). n_threads: threads for matmuls (0: all cores).
+ * Architectures: llama (incl. Llama 3 rope_freqs / linear rope scaling),
+ * qwen2 (QKV biases, NeoX RoPE), qwen3 (per-head Q/K RMSNorm, NeoX RoPE).
  * KKV_ERR_IO (not found/unreadable), KKV_ERR_FORMAT (malformed GGUF),
- * KKV_ERR_UNSUPPORTED (architecture or tensor type). */
+ * KKV_ERR_UNSUPPORTED (architecture, tensor type or rope scaling, named). */
 kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads);
 void       kkv_model_free(kkv_model *m);
 void       kkv_model_get_info(const kkv_model *m, kkv_model_info *out);
