@@ -18,10 +18,6 @@
 #define CMD "generate"
 #define MAX_COMPARE 16 /* methods in one --compare list */
 
-static const char *const CHAT_TEMPLATE =
-    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-    "Face<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n";
-
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kittykv generate [-m MODEL] -p PROMPT [options]\n"
@@ -47,7 +43,10 @@ static void usage(FILE *f) {
             "  -t THREADS     threads (default 0 = all cores)\n"
             "  -c CTX         context limit of the sequence in tokens (default 8192)\n"
             "  --kv-budget MB KV pool budget per cache (default: exactly what CTX tokens need)\n"
-            "  --chat         wrap the prompt in the ChatML template of SmolLM2\n");
+            "  --chat         format the prompt as one user message with the model's own chat\n"
+            "                 template (tokenizer.chat_template: chatml, llama3, gemma, llama2\n"
+            "                 or mistral), plus the assistant's opening\n"
+            "  --chat-template NAME  use that template family instead (implies --chat)\n");
 }
 
 /* Options. Four are for tests and left out of --help:
@@ -66,6 +65,7 @@ typedef struct opts {
     const char *logits_out; /* hidden: float32 logits of the last prompt token */
     const char *kv;
     const char *compare;    /* --compare LIST as given, or NULL */
+    const char *chat_template; /* --chat-template NAME, or NULL: the model's */
     const char *methods[MAX_COMPARE]; /* [n_methods] names, pointing into names_buf */
     char        names_buf[256];
     int         n_methods;  /* 1 without --compare */
@@ -133,7 +133,7 @@ static int parse(opts *o, int argc, char **argv) {
         static const char *const with_value[] = {
             "-m", "--model", "-p", "--prompt", "--prompt-ids", "--ids-out", "--logits-out",
             "--kv", "--compare", "-n", "-t", "--threads", "-c", "--ctx", "--alpha", "--temp",
-            "--top-p", "--seed", "--kv-budget", NULL};
+            "--top-p", "--seed", "--kv-budget", "--chat-template", NULL};
         int known = 0;
         for (const char *const *w = with_value; *w; w++) known |= !strcmp(a, *w);
         if (!known) {
@@ -150,7 +150,10 @@ static int parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
         else if (!strcmp(a, "--ids-out")) o->ids_out = v;
         else if (!strcmp(a, "--logits-out")) o->logits_out = v;
-        else if (!strcmp(a, "--kv")) {
+        else if (!strcmp(a, "--chat-template")) {
+            o->chat_template = v;
+            o->chat = 1;
+        } else if (!strcmp(a, "--kv")) {
             o->kv = v;
             o->have_kv = 1;
         } else if (!strcmp(a, "--compare")) o->compare = v;
@@ -252,19 +255,34 @@ static int prompt_tokens(const opts *o, const kkv_model *m, int32_t **ids, int *
     }
     char *chat = NULL;
     if (o->chat) {
-        size_t cap = len + strlen(CHAT_TEMPLATE) + 1;
-        chat = malloc(cap);
-        if (!chat) {
+        if (memchr(text, 0, len)) {
+            free(file_text);
+            return fprintf(stderr, "kittykv " CMD ": a --chat prompt cannot hold NUL bytes\n"), 1;
+        }
+        char *content = malloc(len + 1); /* text may be a file's bytes: NUL-terminate */
+        if (!content) {
             free(file_text);
             return fprintf(stderr, "kittykv " CMD ": out of memory\n"), 1;
         }
-        /* The prompt itself may hold '%' or NUL-free binary: copy, not printf it. */
-        const char *hole = strstr(CHAT_TEMPLATE, "%s");
-        size_t pre = (size_t)(hole - CHAT_TEMPLATE);
-        memcpy(chat, CHAT_TEMPLATE, pre);
-        memcpy(chat + pre, text, len);
-        strcpy(chat + pre + len, hole + 2);
-        len = strlen(hole + 2) + pre + len;
+        memcpy(content, text, len);
+        content[len] = 0;
+        kkv_chat_msg msg = {"user", content};
+        size_t need = 0;
+        kkv_status cs = kkv_chat_format(m, NULL, 0, &need, &msg, 1, 1, o->chat_template);
+        /* *len is set only when the text was made: then the first call failed for room alone */
+        if (cs == KKV_ERR_INVALID_ARG && need > 0) {
+            chat = malloc(need + 1);
+            if (chat) cs = kkv_chat_format(m, chat, need + 1, &need, &msg, 1, 1, o->chat_template);
+        }
+        free(content);
+        if (cs != KKV_OK) {
+            fprintf(stderr, "kittykv " CMD ": --chat: %s\n",
+                    need > 0 && !chat ? "out of memory" : kkv_last_error());
+            free(chat);
+            free(file_text);
+            return 1;
+        }
+        len = need;
         text = chat;
     }
     int cap = (int)(len < (size_t)(1 << 26) ? len : (size_t)(1 << 26)) + 8;

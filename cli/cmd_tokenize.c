@@ -11,6 +11,7 @@
 
 #include "cmd.h"
 #include "kittykv.h"
+#include "model/chat.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "utf8.h"
@@ -20,6 +21,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: kittykv tokenize [-m MODEL] (-p TEXT | -f FILE) [--special] [--no-bos]\n"
             "                        [--pieces] [--lines] [--pre NAME] [--stats]\n"
+            "                        [--chat | --chat-turns] [--chat-template NAME]\n"
+            "                        [--no-gen-prompt] [--print-chat]\n"
             "  -m MODEL    GGUF model (default %s)\n"
             "  -p TEXT     text to tokenize\n"
             "  -f FILE     read the text from FILE ('-' for stdin)\n"
@@ -31,6 +34,14 @@ static void usage(FILE *f) {
             "              decoded; prints one line of ids per input line\n"
             "  --pre NAME  override the model's pre-tokenizer (testing)\n"
             "  --stats     print the token count and speed on stderr\n"
+            "  --chat      the text is one user message: format it with the model's chat\n"
+            "              template (implies --special), plus the assistant's opening\n"
+            "  --chat-turns  the text is a conversation, one message per line as\n"
+            "              ROLE<TAB>CONTENT with the --lines escapes (implies --chat)\n"
+            "  --chat-template NAME  chatml, llama3, gemma, llama2 or mistral instead of\n"
+            "              the model's own template\n"
+            "  --no-gen-prompt  leave out the assistant's opening\n"
+            "  --print-chat  print the formatted chat text as it is, instead of ids\n"
             "Output: token ids separated by spaces on one line.\n",
             cli_default_model());
 }
@@ -141,10 +152,62 @@ static int run_one(const kkv_tok *tok, const opts *o, const char *text, size_t l
     return 0;
 }
 
+/* The chat text of data (one user message, or ROLE<TAB>CONTENT lines when
+ * turns) in a malloc'd *out [*out_len + 1]. Returns 0, 1 or 2 (bad input). */
+static int format_chat(const kkv_gguf *g, const kkv_tok *tok, char *data, size_t len, int turns,
+                       const char *name, int add_gen, char **out, size_t *out_len) {
+    size_t cap_msgs = 1;
+    for (size_t i = 0; i < len; i++) cap_msgs += data[i] == '\n';
+    kkv_chat_msg *msgs = malloc(cap_msgs * sizeof *msgs); /* [cap_msgs] */
+    if (!msgs) return 1;
+    int n = 0;
+    if (!turns) {
+        msgs[n++] = (kkv_chat_msg){"user", data};
+    } else {
+        size_t pos = 0;
+        for (long ln = 1; pos < len; ln++) {
+            char *nl = memchr(data + pos, '\n', len - pos);
+            size_t end = nl ? (size_t)(nl - data) : len;
+            char *tab = memchr(data + pos, '\t', end - pos);
+            if (!tab) {
+                fprintf(stderr, "kittykv tokenize: --chat-turns line %ld has no TAB after the role\n", ln);
+                free(msgs);
+                return 2;
+            }
+            *tab = 0;
+            long l = unescape(tab + 1, (size_t)(data + end - tab - 1), ln);
+            if (l < 0) {
+                free(msgs);
+                return 2;
+            }
+            tab[1 + l] = 0; /* unescaping only shrinks: this stays inside the line */
+            msgs[n++] = (kkv_chat_msg){data + pos, tab + 1};
+            pos = end + 1;
+        }
+    }
+    size_t need = 0;
+    kkv_status s = kkv_chat_apply(g, tok, NULL, 0, &need, msgs, n, add_gen, name);
+    *out = NULL;
+    if (s == KKV_ERR_INVALID_ARG && need > 0) {
+        *out = malloc(need + 1);
+        if (*out) s = kkv_chat_apply(g, tok, *out, need + 1, &need, msgs, n, add_gen, name);
+    }
+    free(msgs);
+    if (s != KKV_OK) {
+        fprintf(stderr, "kittykv tokenize: %s\n", need > 0 && !*out ? "out of memory" : kkv_last_error());
+        free(*out);
+        *out = NULL;
+        return 1;
+    }
+    *out_len = need;
+    return 0;
+}
+
 int cmd_tokenize(int argc, char **argv) {
     const char *model = cli_default_model(), *text = NULL, *file = NULL, *pre = NULL;
+    const char *chat_template = NULL;
     opts o = {1, 0, 0, 0};
-    int lines = 0;
+    int lines = 0, chat = 0, turns = 0, add_gen = 1, print_chat = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_val = i + 1 < argc;
@@ -160,6 +223,11 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(a, "--pieces")) o.pieces = 1;
         else if (!strcmp(a, "--lines")) lines = 1;
         else if (!strcmp(a, "--stats")) o.stats = 1;
+        else if (!strcmp(a, "--chat")) chat = 1;
+        else if (!strcmp(a, "--chat-turns")) chat = turns = 1;
+        else if (!strcmp(a, "--chat-template") && has_val) chat_template = argv[++i], chat = 1;
+        else if (!strcmp(a, "--no-gen-prompt")) add_gen = 0;
+        else if (!strcmp(a, "--print-chat")) print_chat = chat = 1;
         else {
             fprintf(stderr, "kittykv tokenize: unknown or incomplete option '%s'\n", a);
             usage(stderr);
@@ -175,6 +243,11 @@ int cmd_tokenize(int argc, char **argv) {
         fprintf(stderr, "kittykv tokenize: --lines and --pieces do not combine\n");
         return 2;
     }
+    if (lines && chat) {
+        fprintf(stderr, "kittykv tokenize: --lines and the chat options do not combine\n");
+        return 2;
+    }
+    if (chat) o.special = 1;
 
     char *data;
     size_t len;
@@ -195,12 +268,40 @@ int cmd_tokenize(int argc, char **argv) {
     kkv_tok *tok = NULL;
     kkv_status s = kkv_gguf_open(&g, model);
     if (s == KKV_OK) s = kkv_tok_from_gguf_pre(&tok, g, pre);
-    kkv_gguf_close(g);
     if (s != KKV_OK) {
         fprintf(stderr, "kittykv tokenize: %s: %s\n", model, kkv_last_error());
+        kkv_gguf_close(g);
         free(data);
         return 1;
     }
+    if (chat) {
+        char *ct = NULL;
+        size_t cl = 0;
+        if (memchr(data, 0, len)) {
+            fprintf(stderr, "kittykv tokenize: a chat text cannot hold NUL bytes\n");
+            kkv_gguf_close(g);
+            kkv_tok_free(tok);
+            free(data);
+            return 1;
+        }
+        int rc = format_chat(g, tok, data, len, turns, chat_template, add_gen, &ct, &cl);
+        free(data);
+        if (rc) {
+            kkv_gguf_close(g);
+            kkv_tok_free(tok);
+            return rc;
+        }
+        data = ct;
+        len = cl;
+        if (print_chat) {
+            int bad = fwrite(data, 1, len, stdout) != len;
+            kkv_gguf_close(g);
+            kkv_tok_free(tok);
+            free(data);
+            return bad;
+        }
+    }
+    kkv_gguf_close(g);
 
     int rc = 0;
     double secs = 0;

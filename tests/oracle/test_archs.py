@@ -69,7 +69,7 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
             "[INST]", "[/INST]", "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>"]
 
 
-def add_tokenizer(w, np, pre, chat_template=None, n_vocab=320):
+def add_tokenizer(w, np, pre, chat_template=None, n_vocab=320, bos="<|endoftext|>", eos="<|im_end|>"):
     """A byte-level BPE vocabulary: 256 byte tokens, a few merges, the
     special tokens of the chat families, padded to n_vocab."""
     toks = byte_tokens()
@@ -90,8 +90,8 @@ def add_tokenizer(w, np, pre, chat_template=None, n_vocab=320):
     w.add_token_list(toks)
     w.add_token_types(types)
     w.add_token_merges([f"{a} {b}" for a, b in merges])
-    w.add_bos_token_id(toks.index("<|endoftext|>"))
-    w.add_eos_token_id(toks.index("<|im_end|>"))
+    w.add_bos_token_id(toks.index(bos))
+    w.add_eos_token_id(toks.index(eos))
     if chat_template is not None:
         w.add_chat_template(chat_template)
     return len(toks)
@@ -137,7 +137,7 @@ def llama3_factors(np, dims, base, factor=8.0, low=1.0, high=4.0, orig=32):
     return np.asarray(out, dtype=np.float32)
 
 
-def write_model(path, arch, rng, np, gguf, chat_template=None):
+def write_model(path, arch, rng, np, gguf, chat_template=None, bos="<|endoftext|>", eos="<|im_end|>"):
     """One of the test models (see the module docstring)."""
     GT = gguf.GGMLQuantizationType
     E, NH, NKV, L = 64, 4, 2, 2
@@ -162,7 +162,7 @@ def write_model(path, arch, rng, np, gguf, chat_template=None):
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(4.0)
     pre = {"qwen2": "qwen2", "qwen3": "qwen2"}.get(arch, "llama-bpe")
-    V = add_tokenizer(w, np, pre, chat_template)
+    V = add_tokenizer(w, np, pre, chat_template, bos=bos, eos=eos)
 
     def mat(rows, cols, scale=1.0):
         return (rng.normal(0, scale / np.sqrt(cols), size=(rows, cols))).astype(np.float32)
