@@ -4,13 +4,13 @@
  * an interpreter; the families differ in a handful of fixed strings, so each
  * is code here, and tests/oracle/test_chat.py renders the real templates with
  * jinja2 and compares. */
-#include "model/chat.h"
-
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/status.h"
+#include "kittykv_model.h"
 #include "model/model.h"
+#include "model/tokenizer.h"
 
 typedef enum fam { F_CHATML, F_LLAMA3, F_GEMMA, F_LLAMA2, F_MISTRAL, F_N } fam;
 
@@ -38,21 +38,13 @@ static int detect_text(const char *t, size_t n, fam *out) {
     return 0;
 }
 
-static kkv_status template_of(const kkv_gguf *g, kkv_gguf_str *s) {
-    kkv_status st = kkv_gguf_get_str(g, "tokenizer.chat_template", s);
-    if (st == KKV_ERR_NOT_FOUND)
+kkv_status kkv_chat_template_detect(const kkv_model *m, const char **name) {
+    if (!m || !name) return kkv_fail(KKV_ERR_INVALID_ARG, "chat: NULL argument");
+    if (!m->chat_template)
         return kkv_fail(KKV_ERR_NOT_FOUND, "chat: the model has no tokenizer.chat_template; name "
                         "a template (chatml, llama3, gemma, llama2, mistral)");
-    if (st != KKV_OK) return kkv_fail(KKV_ERR_FORMAT, "chat: tokenizer.chat_template is not a string");
-    return KKV_OK;
-}
-
-kkv_status kkv_chat_detect_gguf(const kkv_gguf *g, const char **name) {
-    if (!g || !name) return kkv_fail(KKV_ERR_INVALID_ARG, "chat: NULL argument");
-    kkv_gguf_str s;
-    KKV_TRY(template_of(g, &s));
     fam f;
-    if (!detect_text(s.ptr, (size_t)s.len, &f))
+    if (!detect_text(m->chat_template, m->chat_template_len, &f))
         return kkv_fail(KKV_ERR_UNSUPPORTED, "chat: the model's tokenizer.chat_template is none of "
                         "the known families (chatml, llama3, gemma, llama2, mistral); name one");
     *name = NAMES[f];
@@ -180,18 +172,17 @@ static kkv_status check_msgs(const kkv_chat_msg *msgs, int n, fam f) {
     return KKV_OK;
 }
 
-static kkv_status format(sb *b, const kkv_gguf *g, const kkv_tok *t, fam f, int own,
+static kkv_status format(sb *b, const kkv_model *m, const kkv_tok *t, fam f, int own,
                          const kkv_chat_msg *msgs, int n, int add_gen) {
     const char *fn = NAMES[f];
     switch (f) {
     case F_CHATML: {
         KKV_TRY(need_token(t, "<|im_start|>", fn));
         KKV_TRY(need_token(t, "<|im_end|>", fn));
-        kkv_gguf_str s;
         /* the default system message belongs to the model's own template */
-        if (own && (n == 0 || !role_is(&msgs[0], "system")) && template_of(g, &s) == KKV_OK) {
+        if (own && (n == 0 || !role_is(&msgs[0], "system")) && m->chat_template) {
             sb sys = {0};
-            if (default_system(s.ptr, (size_t)s.len, &sys)) {
+            if (default_system(m->chat_template, m->chat_template_len, &sys)) {
                 puts_(b, "<|im_start|>system\n");
                 put(b, sys.p, sys.n);
                 puts_(b, "<|im_end|>\n");
@@ -297,9 +288,10 @@ static kkv_status format(sb *b, const kkv_gguf *g, const kkv_tok *t, fam f, int 
     return kkv_fail(KKV_ERR_INVALID_ARG, "chat: bad family");
 }
 
-kkv_status kkv_chat_apply(const kkv_gguf *g, const kkv_tok *t, char *buf, size_t cap, size_t *len,
-                          const kkv_chat_msg *msgs, int n, int add_gen, const char *name) {
-    if (!g || !t || !len || (n > 0 && !msgs) || n < 0 || (cap > 0 && !buf))
+kkv_status kkv_chat_format(const kkv_model *m, char *buf, size_t cap, size_t *len,
+                           const kkv_chat_msg *msgs, int n, int add_generation_prompt,
+                           const char *name) {
+    if (!m || !len || (n > 0 && !msgs) || n < 0 || (cap > 0 && !buf))
         return kkv_fail(KKV_ERR_INVALID_ARG, "chat: NULL argument or n < 0");
     fam f = F_N;
     int own = 0;
@@ -309,19 +301,18 @@ kkv_status kkv_chat_apply(const kkv_gguf *g, const kkv_tok *t, char *buf, size_t
         if (f == F_N)
             return kkv_fail(KKV_ERR_INVALID_ARG, "chat: unknown template '%.32s' (known: chatml, "
                             "llama3, gemma, llama2, mistral)", name);
-        const char *mine;
-        kkv_status st = kkv_chat_detect_gguf(g, &mine);
-        own = st == KKV_OK && !strcmp(mine, name);
+        fam mine;
+        own = m->chat_template && detect_text(m->chat_template, m->chat_template_len, &mine) && mine == f;
     } else {
         const char *mine;
-        KKV_TRY(kkv_chat_detect_gguf(g, &mine));
+        KKV_TRY(kkv_chat_template_detect(m, &mine));
         for (int i = 0; i < F_N; i++)
             if (!strcmp(mine, NAMES[i])) f = (fam)i;
         own = 1;
     }
     KKV_TRY(check_msgs(msgs, n, f));
     sb b = {0};
-    kkv_status st = format(&b, g, t, f, own, msgs, n, add_gen);
+    kkv_status st = format(&b, m, m->tok, f, own, msgs, n, add_generation_prompt);
     if (st == KKV_OK && b.oom) st = kkv_fail(KKV_ERR_NOMEM, "chat: out of memory");
     if (st == KKV_OK) {
         *len = b.n;
@@ -333,16 +324,4 @@ kkv_status kkv_chat_apply(const kkv_gguf *g, const kkv_tok *t, char *buf, size_t
     }
     free(b.p);
     return st;
-}
-
-kkv_status kkv_chat_template_detect(const kkv_model *m, const char **name) {
-    if (!m) return kkv_fail(KKV_ERR_INVALID_ARG, "chat: model is NULL");
-    return kkv_chat_detect_gguf(m->gguf, name);
-}
-
-kkv_status kkv_chat_format(const kkv_model *m, char *buf, size_t cap, size_t *len,
-                           const kkv_chat_msg *msgs, int n, int add_generation_prompt,
-                           const char *template_name) {
-    if (!m) return kkv_fail(KKV_ERR_INVALID_ARG, "chat: model is NULL");
-    return kkv_chat_apply(m->gguf, m->tok, buf, cap, len, msgs, n, add_generation_prompt, template_name);
 }
