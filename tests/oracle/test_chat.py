@@ -22,6 +22,14 @@ format; `generate --chat` runs on every file. Refusals, one line each: an
 unrecognised template, a file without one, an unknown name, a family whose
 special tokens the vocabulary lacks (llama3 on SmolLM2, when present).
 
+`kittykv chat` (three user lines on stdin, greedy, fp16 cache) on the chatml,
+llama3 and gemma files and on SmolLM2 itself (when present): each turn forwards only its new tokens (the turns'
+forwarded counts add up to the cache length); the cached ids before the last
+reply, fed from scratch to `generate --prompt-ids`, give the same reply ids
+(the cache after incremental turns is the cache of one prefill); and on the
+ChatML files the cached text equals the jinja2 rendering of the conversation
+with the replies as generated.
+
 Exit 77 (skip) when numpy/gguf/jinja2 is missing, unless KKV_REQUIRE_ORACLE is set.
 """
 import argparse
@@ -216,6 +224,75 @@ def main():
         check(p.stdout == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
               f"--chat-template chatml on a llama2 file: {p.stdout!r}")
 
+        # kittykv chat: incremental turns == one prefill, and the template's text
+        reader_tokens = {}
+
+        def detok(path, ids):
+            if path not in reader_tokens:
+                r = gguf.GGUFReader(path)
+                f = r.fields["tokenizer.ggml.tokens"]
+                reader_tokens[path] = [bytes(f.parts[i]).decode() for i in f.data]
+            toks = reader_tokens[path]
+            inv = {c: b for b, c in enumerate(test_archs.byte_tokens())}
+            out = bytearray()
+            for i in ids:
+                t = toks[i]
+                if t in test_archs.SPECIALS:
+                    out += t.encode()
+                else:
+                    out += bytes(inv[ch] for ch in t)
+            return out.decode("utf-8", errors="replace")
+
+        lines = ["Hello there", "Tell me more.", "Thanks!"]
+        smol = os.path.join(a.source_dir, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        labels = ["smollm2", "qwen25", "llama3", "gemma3"] + (["real-smollm2"] if os.path.exists(smol) else [])
+        for label in labels:
+            path = smol if label == "real-smollm2" else paths[label]
+            fam = next(f for f in FAMILIES if f[0] == label.replace("real-", ""))
+            idp = os.path.join(tmp, "held.txt")
+            p = kkv("chat", "-m", path, "--kv", "fp16", "-n", "6", "-t", "1", "--stats", "--ids-out", idp,
+                    input_text="\n".join(lines) + "\n")
+            check(p.returncode == 0, f"chat on {label} runs" + ("" if p.returncode == 0 else f": {p.stderr[-300:]!r}"))
+            if p.returncode != 0:
+                continue
+            held = [int(x) for x in open(idp).read().strip().split(",")]
+            turns = []
+            for ln in p.stderr.splitlines():
+                if ln.startswith("turn "):
+                    w = ln.split()
+                    turns.append((int(w[3]), int(w[6]), int(ln.rsplit("holds ", 1)[1].split()[0])))
+            total = 0
+            for a_, b_, c_ in turns:
+                total += a_ + b_
+                check(c_ == total, f"chat {label}: cache holds {c_} = everything forwarded so far ({total})")
+            check(len(turns) == 3 and total == len(held), f"chat {label}: 3 turns, {len(held)} tokens held")
+            if len(turns) != 3:
+                continue
+            p3 = len(held) - turns[2][1]
+            gp = os.path.join(tmp, "g.txt")
+            q = kkv("generate", "-m", path, "--kv", "fp16", "--temp", "0", "-t", "1", "-n", str(turns[2][1]),
+                    "--prompt-ids", ",".join(map(str, held[:p3])), "--ids-out", gp)
+            regen = [int(x) for x in open(gp).read().strip().split(",")] if q.returncode == 0 else None
+            check(regen == held[p3:], f"chat {label}: last reply {held[p3:]} == one-prefill generate {regen}")
+            if fam[2] == "chatml" and not label.startswith("real-"):
+                # the conversation as the template writes it, replies as generated
+                conv, pos = [], 0
+                for k, (a_, b_, c_) in enumerate(turns):
+                    conv.append({"role": "user", "content": lines[k]})
+                    pos += a_
+                    rep = held[pos:pos + b_]
+                    pos += b_
+                    if k < 2:
+                        text = detok(path, rep)
+                        if text.endswith("<|im_end|>"):
+                            text = text[:-len("<|im_end|>")]
+                        conv.append({"role": "assistant", "content": text})
+                want = env.from_string(fam[1]).render(messages=conv, add_generation_prompt=True,
+                                                      bos_token=fam[3], eos_token=fam[4])
+                got = detok(path, held[:p3])
+                check(got == want, f"chat {label}: cached text == the rendered conversation"
+                      + ("" if got == want else f"\n  got  {got!r}\n  want {want!r}"))
+
         def refuse(args, what):
             p = kkv(*args)
             msg = p.stderr.strip()
@@ -235,7 +312,6 @@ def main():
         refuse(["tokenize", "-m", paths["gemma3"], "--chat-turns", "-p", "user\tHi\nsystem\tlate"],
                "system message only first")
         refuse(["tokenize", "-m", paths["gemma3"], "--chat-turns", "-p", "tool\tHi"], "role 'tool'")
-        smol = os.path.join(a.source_dir, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
         if os.path.exists(smol):
             refuse(["tokenize", "-m", smol, "--chat-template", "llama3", "-p", "Hi"], "<|start_header_id|>")
 
