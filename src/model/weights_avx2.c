@@ -228,17 +228,22 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
         }
         break;
     case KKV_WT_Q3_K:
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *wb = row + 110 * (b / 8);
-            int k = (int)(b % 8);
-            __m256i w = q3k_block(wb, k);
-            __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short)q3k_scale(wb, 2 * k + 1)),
-                                              _mm_set1_epi16((short)q3k_scale(wb, 2 * k)));
+        /* scales decoded once per super-block; the products are those of
+         * the per-block definition, so nothing but speed changes */
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *wb = row + 110 * sb;
+            short scl[16];
+            for (int s = 0; s < 16; s++) scl[s] = (short)q3k_scale(wb, s);
             float d = f16_at(wb + 108);
-            for (int j = 0; j < nx; j++) {
-                const kkv_q8x *x = &xq[j][b];
-                __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), scales);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+            for (int k = 0; k < 8; k++) {
+                int64_t b = 8 * sb + k;
+                __m256i w = q3k_block(wb, k);
+                __m256i scales = _mm256_set_m128i(_mm_set1_epi16(scl[2 * k + 1]), _mm_set1_epi16(scl[2 * k]));
+                for (int j = 0; j < nx; j++) {
+                    const kkv_q8x *x = &xq[j][b];
+                    __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), scales);
+                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                }
             }
         }
         break;
@@ -246,19 +251,22 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
     case KKV_WT_Q5_K: {
         const int five = type == KKV_WT_Q5_K;
         const size_t bb = five ? 176 : 144;
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *wb = row + bb * (size_t)(b / 8);
-            int k = (int)(b % 8), sc, mn;
-            k4_scale_min(wb + 4, k, &sc, &mn);
-            __m256i w = q45k_block(wb, k, five);
-            __m256i scales = _mm256_set1_epi16((short)sc);
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *wb = row + bb * (size_t)sb;
+            int sc[8], mn[8];
+            for (int k = 0; k < 8; k++) k4_scale_min(wb + 4, k, &sc[k], &mn[k]);
             float d = f16_at(wb), dmin = f16_at(wb + 2);
-            for (int j = 0; j < nx; j++) {
-                const kkv_q8x *x = &xq[j][b];
-                __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x->q));
-                __m256i s = _mm256_madd_epi16(p, scales);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
-                accm[j] -= (dmin * x->d) * (float)(mn * x->isum);
+            for (int k = 0; k < 8; k++) {
+                int64_t b = 8 * sb + k;
+                __m256i w = q45k_block(wb, k, five);
+                __m256i scales = _mm256_set1_epi16((short)sc[k]);
+                for (int j = 0; j < nx; j++) {
+                    const kkv_q8x *x = &xq[j][b];
+                    __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x->q));
+                    __m256i s = _mm256_madd_epi16(p, scales);
+                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                    accm[j] -= (dmin * x->d) * (float)(mn[k] * x->isum);
+                }
             }
         }
         break;
