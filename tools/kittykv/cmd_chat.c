@@ -20,29 +20,10 @@
 #include "kittykv.h"
 #include "kittykv_eval.h"
 #include "kittykv_model.h"
+#include "opts.h"
 #include "util.h"
 
 #define CMD "chat"
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kittykv chat [-m MODEL] [options] < lines\n"
-            "  one user message per stdin line (empty lines are skipped; EOF ends)\n"
-            "  -m MODEL       GGUF file (default: %s)\n"
-            "  --kv METHOD    KV cache method (default kitty)\n"
-            "  -n N           most tokens per reply (default 256)\n"
-            "  -c CTX         context of the whole conversation in tokens (default 4096)\n"
-            "  --system TEXT  a system message first\n"
-            "  --chat-template NAME  chatml, llama3, gemma, llama2 or mistral instead of\n"
-            "                 the model's own template\n"
-            "  --temp T       sampling temperature (default 0 = greedy)\n"
-            "  --top-p P      nucleus mass (default 0.95)\n"
-            "  --seed S       sampler seed (default 42)\n"
-            "  -t THREADS     threads (default 0 = all cores)\n"
-            "  --stats        per turn on stderr: tokens forwarded, tokens in the cache\n"
-            "  --ids-out FILE every token the cache holds at the end, comma-separated\n",
-            cli_default_model());
-}
 
 typedef struct conv {
     kkv_chat_msg *msgs; /* [n] roles static, contents owned */
@@ -103,47 +84,34 @@ typedef struct opts {
     uint64_t    seed;
 } opts;
 
+static const char *const EPILOG =
+    "One user message per stdin line (empty lines are skipped; EOF ends). The\n"
+    "conversation stays in the KV cache: each turn forwards only its new tokens.\n";
+
+/* Returns 0, or the exit status (2 usage, -1 for --help) to stop with. */
 static int parse(opts *o, int argc, char **argv) {
     *o = (opts){.kv = "kitty", .n_gen = 256, .ctx = 4096, .temp = 0.0f, .top_p = 0.95f, .seed = 42};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return -1;
-        }
-        if (!strcmp(a, "--stats")) {
-            o->stats = 1;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kittykv " CMD ": unknown option or missing value '%s' (see --help)\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        if (!strcmp(a, "-m")) o->model = v;
-        else if (!strcmp(a, "--kv")) o->kv = v;
-        else if (!strcmp(a, "--system")) o->system = v;
-        else if (!strcmp(a, "--chat-template")) o->tmpl = v;
-        else if (!strcmp(a, "--ids-out")) o->ids_out = v;
-        else if (!strcmp(a, "-n")) {
-            if (cli_int(&o->n_gen, v, 1, 1 << 20, CMD, a)) return 2;
-        } else if (!strcmp(a, "-c")) {
-            if (cli_int(&o->ctx, v, 1, 1 << 24, CMD, a)) return 2;
-        } else if (!strcmp(a, "-t")) {
-            if (cli_int(&o->threads, v, 0, 1024, CMD, a)) return 2;
-        } else if (!strcmp(a, "--temp")) {
-            if (cli_float(&o->temp, v, 0.0, 100.0, CMD, a)) return 2;
-        } else if (!strcmp(a, "--top-p")) {
-            if (cli_float(&o->top_p, v, 1e-6, 1.0, CMD, a)) return 2;
-        } else if (!strcmp(a, "--seed")) {
-            int s;
-            if (cli_int(&s, v, 0, 0x7fffffff, CMD, a)) return 2;
-            o->seed = (uint64_t)s;
-        } else {
-            fprintf(stderr, "kittykv " CMD ": unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
-    }
+    const opt_def defs[] = {
+        {'m', "model", OPT_STRING, 0, 0, &o->model, NULL, "MODEL",
+         "GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf or $KKV_MODEL)"},
+        {0, "kv", OPT_SPEC, 0, 0, &o->kv, NULL, "SPEC", "KV cache method spec (default kitty)"},
+        {'n', "n-predict", OPT_INT, 1, 1 << 20, &o->n_gen, NULL, "N", "most tokens per reply (default 256)"},
+        {'c', "ctx-size|ctx", OPT_INT, 1, 1 << 24, &o->ctx, NULL, "N",
+         "context of the whole conversation in tokens (default 4096)"},
+        {0, "system", OPT_STRING, 0, 0, &o->system, NULL, "TEXT", "a system message first"},
+        {0, "chat-template", OPT_STRING, 0, 0, &o->tmpl, NULL, "NAME",
+         "chatml, llama3, gemma, llama2 or mistral instead of the model's own"},
+        {0, "temp", OPT_FLOAT, 0, 100, &o->temp, NULL, "T", "sampling temperature (default 0 = greedy)"},
+        {0, "top-p", OPT_FLOAT, 1e-6, 1, &o->top_p, NULL, "P", "nucleus mass, (0, 1] (default 0.95)"},
+        {'s', "seed", OPT_U64, 0, 18446744073709551615.0, &o->seed, NULL, "S", "sampler seed (default 42)"},
+        {'t', "threads", OPT_INT, 1, CLI_MAX_THREADS, &o->threads, NULL, "N", "threads (default: all cores)"},
+        {0, "stats", OPT_FLAG, 0, 0, &o->stats, NULL, NULL,
+         "per turn on stderr: tokens forwarded, tokens in the cache"},
+        {0, "ids-out", OPT_STRING, 0, 0, &o->ids_out, NULL, "FILE",
+         "every token the cache holds at the end, comma-separated"},
+    };
+    int rc = opts_run(CMD, "[-m MODEL] [options] < lines", defs, OPTS_N(defs), EPILOG, argc, argv);
+    if (rc) return rc;
     if (!o->model) o->model = cli_default_model();
     return 0;
 }
@@ -176,14 +144,11 @@ static int feed(state *st, const opts *o, int seq, const int32_t *ids, int n) {
 }
 
 static int run(state *st, const opts *o) {
-    if (kkv_model_load(&st->m, o->model, o->threads) != KKV_OK) return fail(o->model);
+    if (kkv_model_load(&st->m, o->model, cli_threads(o->threads, CMD)) != KKV_OK) return fail(o->model);
     kkv_model_info info;
     kkv_model_get_info(st->m, &info);
     kkv_method method;
-    if (kkv_method_from_name(&method, o->kv) != KKV_OK) {
-        fprintf(stderr, "kittykv " CMD ": unknown --kv method '%s'\n", o->kv);
-        return 2;
-    }
+    if (kkv_method_parse(&method, o->kv) != KKV_OK) return fail("--kv");
     if (kkv_method_check(&method, info.head_dim) != KKV_OK) return fail("--kv");
     kkv_cache_config cfg = kkv_model_cache_config(st->m, &method, 0);
     cfg.max_tokens = o->ctx;
