@@ -225,6 +225,10 @@ static int prompt_tokens(const opts *o, const kkv_model *m, int32_t **ids, int *
         *ids = malloc((size_t)cap * sizeof **ids);
         if (!*ids) return fprintf(stderr, "kittykv " CMD ": out of memory\n"), 1;
         const char *p = o->prompt_ids;
+        if (!*p) {
+            fprintf(stderr, "kittykv " CMD ": --prompt-ids is empty (give at least one id)\n");
+            return 2;
+        }
         while (*p) {
             char *end;
             errno = 0;
@@ -244,8 +248,7 @@ static int prompt_tokens(const opts *o, const kkv_model *m, int32_t **ids, int *
     if (text[0] == '@') {
         file_text = cli_read_file(text + 1, &len);
         if (!file_text) {
-            fprintf(stderr, "kittykv " CMD ": cannot read prompt file '%s': %s\n", text + 1,
-                    strerror(errno));
+            fprintf(stderr, "kittykv " CMD ": prompt file %s\n", kkv_last_error());
             return 1;
         }
         text = file_text;
@@ -316,15 +319,21 @@ static kkv_status budget_for_ctx(size_t *out, const kkv_cache_config *base, int 
     return s;
 }
 
-static void print_ids(const char *path, const int32_t *ids, int n) {
+/* Returns an exit status: a file that cannot be written fails the command. */
+static int print_ids(const char *path, const int32_t *ids, int n) {
     FILE *f = fopen(path, "w");
     if (!f) {
         fprintf(stderr, "kittykv " CMD ": cannot write '%s': %s\n", path, strerror(errno));
-        return;
+        return 1;
     }
     for (int i = 0; i < n; i++) fprintf(f, "%s%d", i ? "," : "", (int)ids[i]);
     fprintf(f, "\n");
-    fclose(f);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        fprintf(stderr, "kittykv " CMD ": cannot write '%s': %s\n", path, strerror(errno));
+        return 1;
+    }
+    return 0;
 }
 
 static int write_logits(const char *path, const float *logits, int n) {
@@ -569,7 +578,7 @@ static int generate(const opts *o, run_state *r) {
                         &r->sampler, r->logits);
         if (rc) return rc;
     }
-    if (o->ids_out) print_ids(o->ids_out, r->runs[0].gen, r->runs[0].n_out);
+    if (o->ids_out && print_ids(o->ids_out, r->runs[0].gen, r->runs[0].n_out)) return 1;
     if (o->compare) report_compare(o, &info, r->runs, o->n_methods, n_prompt);
     else report_one(o, &info, &r->runs[0], n_prompt);
     return 0;

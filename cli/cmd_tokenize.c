@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cmd.h"
+#include "core/status.h"
 #include "kittykv.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -181,7 +182,7 @@ int cmd_tokenize(int argc, char **argv) {
     if (file) {
         data = cli_read_file(!strcmp(file, "-") ? "/dev/stdin" : file, &len);
         if (!data) {
-            fprintf(stderr, "kittykv tokenize: cannot read %s\n", file);
+            fprintf(stderr, "kittykv tokenize: %s\n", kkv_last_error());
             return 1;
         }
     } else {
@@ -193,11 +194,12 @@ int cmd_tokenize(int argc, char **argv) {
 
     kkv_gguf *g = NULL;
     kkv_tok *tok = NULL;
-    kkv_status s = kkv_gguf_open(&g, model);
-    if (s == KKV_OK) s = kkv_tok_from_gguf_pre(&tok, g, pre);
+    kkv_status s = kkv_gguf_open(&g, model); /* its messages name the path */
+    if (s == KKV_OK && (s = kkv_tok_from_gguf_pre(&tok, g, pre)) != KKV_OK)
+        kkv_fail(s, "%s: %s", model, kkv_last_error());
     kkv_gguf_close(g);
     if (s != KKV_OK) {
-        fprintf(stderr, "kittykv tokenize: %s: %s\n", model, kkv_last_error());
+        fprintf(stderr, "kittykv tokenize: %s\n", kkv_last_error());
         free(data);
         return 1;
     }

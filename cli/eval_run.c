@@ -192,7 +192,7 @@ int eval_tokenize_file(int32_t **tokens, int *n, const kkv_model *m, const char 
     size_t len;
     char *text = cli_read_file(path, &len);
     if (!text) {
-        snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+        snprintf(err, errlen, "%s", kkv_last_error());
         return 1;
     }
     if (len > (size_t)1 << 28) {
