@@ -13,8 +13,8 @@
 #define DEFAULT_MAX_SEQS 256
 
 kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
+    if (out) *out = NULL;
     if (!out || !cfg) return kkv_fail(KKV_ERR_INVALID_ARG, "cache: NULL argument");
-    *out = NULL;
     if (cfg->n_layers < 1 || cfg->n_layers > 4096)
         return kkv_fail(KKV_ERR_INVALID_ARG, "cache: n_layers %d must be in 1..4096",
                         cfg->n_layers);
