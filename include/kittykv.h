@@ -34,7 +34,24 @@
  * -----------
  * - Every function that can fail returns kkv_status; on failure it changes no
  *   state that the caller can observe, and kkv_last_error() holds a one-line
- *   message (thread-local, valid until the next failing call on that thread).
+ *   message (thread-local, valid until the next failing call on that thread;
+ *   read it only after a failure). The one exception is a forward pass that
+ *   fails midway; see kkv_model_forward().
+ * - KKV_ERR_NOMEM: any call that allocates may return it, with the state
+ *   unchanged as above; the handle stays usable (tests/test_failalloc.c fails
+ *   every allocation of create, add, reserve, append, attend, flush, load and
+ *   forward in turn and checks this, and that nothing leaks).
+ * - NULL: every function that returns kkv_status checks its pointers and
+ *   returns KKV_ERR_INVALID_ARG for a NULL handle or a NULL required pointer
+ *   (KKV_ERR_NOT_FOUND is for a sequence id that names nothing). Functions that
+ *   return a value are NULL-safe with a neutral answer: kkv_cache_get_config()
+ *   NULL, kkv_cache_get_kernel() KKV_KERNEL_AUTO, kkv_cache_free_bytes() 0,
+ *   kkv_seq_len() -1, kkv_method_boost() 0, kkv_model_get_info() and
+ *   kkv_model_cache_config() all zeros; void calls ignore a NULL handle.
+ * - Untrusted input (GGUF files, text) is bounds- and overflow-checked: a bad
+ *   file is KKV_ERR_FORMAT or KKV_ERR_IO with a message, never a crash or a
+ *   hang (a FIFO or device as a model path fails at once). Bytes from a file
+ *   that appear in a message are escaped (\xNN).
  * - The library never prints and never exits.
  * - Output arguments come first. Every create or load function has a free, and
  *   free(NULL) is a no-op.
@@ -47,7 +64,9 @@
  *   count and however a prompt is split into chunks.
  * - Threads: a cache or model uses its own worker threads inside a call, but one
  *   cache (or model) must not be called from two threads at once. Distinct
- *   caches and models are independent.
+ *   caches and models are independent. Exception: kkv_tokenize() and
+ *   kkv_token_piece() only read the model and may run on several threads at
+ *   once (not during kkv_model_load/free). kkv_last_error() is per thread.
  */
 #ifndef KITTYKV_H
 #define KITTYKV_H
@@ -115,7 +134,7 @@ typedef struct kkv_method {
 
 /* Fills *out with the named method: "fp16", "kivi-k2v2", "kivi-k2v2s",
  * "kivi-k4v2s", "kivi-k2v4s", "kivi-k4v4", "kitty", "kitty-pro".
- * KKV_ERR_NOT_FOUND for any other name. */
+ * KKV_ERR_NOT_FOUND for any other name, KKV_ERR_INVALID_ARG for NULL. */
 kkv_status kkv_method_from_name(kkv_method *out, const char *name);
 
 /* The names above, NULL-terminated, in a fixed order (fp16 first). */
@@ -126,7 +145,7 @@ const char *const *kkv_method_names(void);
 kkv_status kkv_method_check(const kkv_method *m, int head_dim);
 
 /* Number of boosted key channels: round(alpha * head_dim) with halves rounded
- * up (alpha 0.125, D 20: 3), 0..head_dim. */
+ * up (alpha 0.125, D 20: 3), 0..head_dim; 0 for NULL or a negative head_dim. */
 int kkv_method_boost(const kkv_method *m, int head_dim);
 
 /* ---------------------------------------------------------------- page format */
@@ -178,7 +197,8 @@ typedef struct kkv_cache_config {
 /* Creates an empty cache. The pool's memory is reserved, not touched. */
 kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg);
 void       kkv_cache_free(kkv_cache *c);
-/* The configuration the cache was created with. */
+/* The configuration the cache was created with (owned by the cache, valid
+ * until kkv_cache_free; NULL for a NULL cache). */
 const kkv_cache_config *kkv_cache_get_config(const kkv_cache *c);
 
 /* Adds an empty sequence; *seq gets its id (the lowest free one). Its fp16
@@ -188,7 +208,8 @@ const kkv_cache_config *kkv_cache_get_config(const kkv_cache *c);
 kkv_status kkv_seq_add(kkv_cache *c, int *seq);
 /* Frees a sequence and returns its pages and staging to the pool. */
 kkv_status kkv_seq_free(kkv_cache *c, int seq);
-/* Tokens appended to layer `layer` of the sequence (-1 if no such sequence). */
+/* Tokens appended to layer `layer` of the sequence (-1 if no such sequence,
+ * layer or cache). */
 int        kkv_seq_len(const kkv_cache *c, int seq, int layer);
 
 /* Makes sure the pages that appending n_tokens more tokens to every layer will
@@ -237,7 +258,8 @@ typedef enum kkv_kernel {
 /* Selects the attention/flush kernels of a cache; KKV_ERR_UNSUPPORTED if this
  * CPU or build lacks them. */
 kkv_status kkv_cache_set_kernel(kkv_cache *c, kkv_kernel k);
-/* The kernel a cache uses now (never AUTO), and its name. */
+/* The kernel a cache uses now (never AUTO for a cache; AUTO for NULL), and a
+ * kernel's name (constant, never NULL). */
 kkv_kernel kkv_cache_get_kernel(const kkv_cache *c);
 const char *kkv_kernel_name(kkv_kernel k);
 /* Best kernel this CPU and build support. */
@@ -264,7 +286,7 @@ typedef struct kkv_mem {
 kkv_status kkv_seq_mem(const kkv_cache *c, kkv_mem *out, int seq);
 /* The whole pool: every sequence, and capacity = the pool budget. */
 kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out);
-/* Bytes the pool still has free. */
+/* Bytes the pool still has free (0 for NULL). */
 uint64_t   kkv_cache_free_bytes(const kkv_cache *c);
 
 /* ---------------------------------------------------------------- model */
@@ -290,9 +312,13 @@ typedef struct kkv_model_info {
     uint64_t weight_bytes;
 } kkv_model_info;
 
-/* Loads a GGUF model (mmap). n_threads: threads for matmuls (0: all cores).
- * KKV_ERR_IO (not found/unreadable), KKV_ERR_FORMAT (malformed GGUF),
- * KKV_ERR_UNSUPPORTED (architecture or tensor type). */
+/* Loads a GGUF model (mmap); free with kkv_model_free, which unmaps it.
+ * n_threads: threads for matmuls (0: all cores). KKV_ERR_IO (not found,
+ * unreadable, not a regular file: a FIFO fails at once), KKV_ERR_FORMAT
+ * (malformed GGUF, inconsistent shapes, a tokenizer vocabulary whose size is
+ * not token_embd's row count), KKV_ERR_UNSUPPORTED (architecture or tensor
+ * type). Every message names the path once. On success kkv_last_error() is
+ * "". */
 kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads);
 void       kkv_model_free(kkv_model *m);
 void       kkv_model_get_info(const kkv_model *m, kkv_model_info *out);
@@ -320,12 +346,22 @@ kkv_cache_config kkv_model_cache_config(const kkv_model *m, const kkv_method *me
  * every layer of the cache (each token attends to the cache as stored, exactly
  * as n single-token calls would). logits: [n][n_vocab] if all_logits, else
  * [n_vocab] for the last token; may be NULL. Before touching the cache it
- * reserves every page the n tokens need: KKV_ERR_POOL_FULL leaves it as it was. */
+ * reserves every page the n tokens need: KKV_ERR_POOL_FULL, KKV_ERR_CTX_FULL
+ * and bad arguments (n < 1, a token outside the vocabulary, a cache of
+ * another shape) leave it as it was.
+ * Failing midway -- KKV_ERR_NONFINITE (an activation overflowed to Inf/NaN)
+ * or KKV_ERR_NOMEM for scratch memory -- cannot be undone once pages were
+ * quantized, so the contract is: if no layer of the sequence changed, it is as
+ * it was; otherwise some layers hold some of the n tokens and the sequence is
+ * marked failed: kkv_append/attend/flush/reserve and further forward passes
+ * on it return KKV_ERR_INVALID_ARG ("... free it") until kkv_seq_free(). The
+ * way back is kkv_seq_free(), kkv_seq_add() and the tokens again. */
 kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
                              const int32_t *tokens, int n, int all_logits);
 
 /* One decode step for a ragged batch: token tokens[i] is appended to sequence
- * seqs[i] (all distinct). logits: [n][n_vocab]. All or nothing for the pool. */
+ * seqs[i] (all distinct). logits: [n][n_vocab]. All or nothing for the pool;
+ * a failure midway marks every sequence it changed, as kkv_model_forward(). */
 kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
                                   const int *seqs, const int32_t *tokens, int n);
 

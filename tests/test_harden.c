@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -530,6 +531,87 @@ done:
     kkv_model_free(m);
 }
 
+/* ---------------------------------------------------------------- threads */
+
+/* The header's thread contract: kkv_tokenize on one model from several threads
+ * at once, and distinct caches driven from distinct threads, give what one
+ * thread gives. */
+typedef struct {
+    const kkv_model *m;
+    kkv_cache *c;
+    const char *text;
+    int32_t ids[512];
+    int n;
+    float out[4 * 32];
+    kkv_status st;
+} tjob;
+
+static void *tokenize_job(void *arg) {
+    tjob *j = arg;
+    for (int r = 0; r < 20 && j->st == KKV_OK; r++)
+        j->st = kkv_tokenize(j->m, j->ids, 512, &j->n, j->text, strlen(j->text), 1, 1);
+    return NULL;
+}
+
+static void *cache_job(void *arg) {
+    tjob *j = arg;
+    int seq;
+    float kv[2 * 32], q[4 * 32];
+    j->st = kkv_seq_add(j->c, &seq);
+    for (int t = 0; t < 300 && j->st == KKV_OK; t++) {
+        for (int i = 0; i < 64; i++) kv[i] = sinf((float)(t * 64 + i));
+        for (int i = 0; i < 128; i++) q[i] = cosf((float)(t * 128 + i));
+        j->st = kkv_append(j->c, seq, 0, kv, kv);
+        if (j->st == KKV_OK) j->st = kkv_attend(j->c, j->out, seq, 0, q, 4);
+        if (j->st == KKV_OK) j->st = kkv_flush(j->c, seq, 0);
+    }
+    return NULL;
+}
+
+static void test_threads(const kkv_model *m) {
+    kkv_method me;
+    kkv_method_from_name(&me, "kitty");
+    kkv_cache_config cfg = {.n_layers = 1, .n_kv_heads = 2, .head_dim = 32,
+                            .pool_bytes = 8u << 20, .n_threads = 2, .method = me};
+    tjob ref = {.st = KKV_OK}, jobs[3];
+    if (kkv_cache_create(&ref.c, &cfg) != KKV_OK) {
+        CHECK(0, "create: %s", kkv_last_error());
+        return;
+    }
+    cache_job(&ref);
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].st = kkv_cache_create(&jobs[i].c, &cfg);
+        if (jobs[i].st == KKV_OK) pthread_create(&th[i], NULL, cache_job, &jobs[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        if (jobs[i].c) pthread_join(th[i], NULL);
+        CHECK(ref.st == KKV_OK && jobs[i].st == KKV_OK &&
+                  !memcmp(jobs[i].out, ref.out, sizeof ref.out),
+              "cache thread %d: %d", i, (int)jobs[i].st);
+        kkv_cache_free(jobs[i].c);
+    }
+    kkv_cache_free(ref.c);
+    if (!m) return;
+    const char *text = "<|im_start|>user\nThe quick brown fox, caf\u00e9 \u65e5\u672c, "
+                       "jumps over 12345 lazy dogs.<|im_end|>\n";
+    tjob tr = {.m = m, .text = text, .st = KKV_OK};
+    tokenize_job(&tr);
+    for (int i = 0; i < 3; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].m = m;
+        jobs[i].text = text;
+        pthread_create(&th[i], NULL, tokenize_job, &jobs[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(tr.st == KKV_OK && jobs[i].st == KKV_OK && jobs[i].n == tr.n &&
+                  !memcmp(jobs[i].ids, tr.ids, (size_t)tr.n * sizeof tr.ids[0]),
+              "tokenize thread %d: %d, %d ids vs %d", i, (int)jobs[i].st, jobs[i].n, tr.n);
+    }
+}
+
 int main(void) {
     make_tmp();
     test_npy();
@@ -545,10 +627,15 @@ int main(void) {
     if (access(path, R_OK) == 0) {
         test_load_messages(path);
         test_forward_nonfinite(path);
+        kkv_model *m = NULL;
+        CHECK(kkv_model_load(&m, path, 1) == KKV_OK, "load: %s", kkv_last_error());
+        test_threads(m);
+        kkv_model_free(m);
     } else if (req && !strcmp(req, "1")) {
         CHECK(0, "model %s missing and KKV_REQUIRE_MODEL=1", path);
     } else {
         printf("note: no model at %s: model-based checks skipped\n", path);
+        test_threads(NULL);
     }
     if (g_tmp[0]) rmdir(g_tmp);
     return tu_summary();
