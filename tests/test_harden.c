@@ -16,9 +16,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/fileio.h"
+#include "kittykv_eval.h"
 #include "core/status.h"
 #include "kittykv.h"
+#include "kittykv_cpu.h"
+#include "kittykv_model.h"
 #include "model/gguf.h"
 #include "model/model.h"
 #include "testutil.h"
@@ -285,6 +287,21 @@ static void test_null_contract(void) {
     CHECK(kkv_seq_free(c, INT_MAX) == KKV_ERR_NOT_FOUND, "free INT_MAX");
     CHECK(kkv_seq_len(c, seq, 0) == 1 && kkv_cache_free_bytes(c) < cfg.pool_bytes,
           "state after extremes");
+    /* a sequence marked failed refuses writes and attention, allows reads and free */
+    CHECK(kkv_seq_mark_failed(NULL, seq) == KKV_ERR_INVALID_ARG, "mark_failed(NULL)");
+    CHECK(kkv_seq_mark_failed(c, 99) == KKV_ERR_NOT_FOUND, "mark_failed(no seq)");
+    CHECK(kkv_seq_mark_failed(c, seq) == KKV_OK, "mark_failed");
+    CHECK(kkv_append(c, seq, 0, x, x) == KKV_ERR_INVALID_ARG &&
+              contains(kkv_last_error(), "free it") &&
+              kkv_attend(c, out, seq, 0, x, 1) == KKV_ERR_INVALID_ARG &&
+              kkv_flush(c, seq, 0) == KKV_ERR_INVALID_ARG &&
+              kkv_seq_reserve(c, seq, 1) == KKV_ERR_INVALID_ARG,
+          "marked sequence still writable");
+    float kr[64];
+    CHECK(kkv_seq_read(c, kr, NULL, seq, 0, 0) == KKV_OK && kkv_seq_len(c, seq, 0) == 1,
+          "marked sequence unreadable");
+    CHECK(kkv_seq_free(c, seq) == KKV_OK && kkv_seq_add(c, &seq) == KKV_OK &&
+              kkv_append(c, seq, 0, x, x) == KKV_OK, "a new sequence in the id is clean");
     kkv_cache_free(c);
     /* create with extreme configurations: errors, never a crash or a wrap */
     kkv_cache_config big = cfg;

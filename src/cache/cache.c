@@ -1,5 +1,5 @@
-/* Cache lifecycle: create/free, sequences, and the token lifecycle of spec
- * section 6 (append -> attend -> flush). */
+/* Cache lifecycle: create/free, sequences, and the token lifecycle of
+ * docs/FORMAT.md section 3 (append -> attend -> flush). */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -7,6 +7,7 @@
 
 #include "cache/cache.h"
 #include "core/fp16.h"
+#include "core/rng.h"
 #include "core/status.h"
 #include "quant/quant.h"
 
@@ -62,7 +63,8 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
     kkv_status s = KKV_OK;
     if (!c->chunks || !c->free_slots || !c->seqs || !c->tile)
         s = kkv_fail(KKV_ERR_NOMEM, "cache: out of memory");
-    if (s == KKV_OK) s = kkv_tp_create(&c->tp, cfg->n_threads);
+    if (s == KKV_OK) s = kkv_tp_create(&c->tp_own, cfg->n_threads);
+    c->tp = c->tp_own;
     if (s == KKV_OK) s = kkv_cache_set_kernel(c, KKV_KERNEL_AUTO);
     if (s != KKV_OK) {
         kkv_cache_free(c);
@@ -92,7 +94,7 @@ void kkv_cache_free(kkv_cache *c) {
         size_t n_chunks = ((size_t)c->max_slots + KKV_SLOTS_PER_CHUNK - 1) / KKV_SLOTS_PER_CHUNK;
         for (size_t i = 0; i < n_chunks; i++) free(c->chunks[i]);
     }
-    kkv_tp_free(c->tp);
+    kkv_tp_free(c->tp_own);
     free(c->chunks);
     free(c->free_slots);
     free(c->seqs);
@@ -104,14 +106,23 @@ void kkv_cache_free(kkv_cache *c) {
 
 const kkv_cache_config *kkv_cache_get_config(const kkv_cache *c) { return c ? &c->cfg : NULL; }
 
+kkv_status kkv_cache_set_threadpool(kkv_cache *c, kkv_threadpool *tp) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "set_threadpool: NULL cache");
+    c->tp = tp ? tp : c->tp_own;
+    return KKV_OK;
+}
+
 kkv_seq *kkv_seq_get(const kkv_cache *c, int seq) {
     if (!c || seq < 0 || seq >= c->cfg.max_seqs || !c->seqs[seq].live) return NULL;
     return &c->seqs[seq];
 }
 
-void kkv_seq_set_failed(kkv_cache *c, int seq) {
+kkv_status kkv_seq_mark_failed(kkv_cache *c, int seq) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "mark_failed: NULL cache");
     kkv_seq *s = kkv_seq_get(c, seq);
-    if (s) s->failed = 1;
+    if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "mark_failed: no sequence %d", seq);
+    s->failed = 1;
+    return KKV_OK;
 }
 
 kkv_status kkv_seq_check_usable(const kkv_seq *s, int seq, const char *what) {

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "attn/attn.h"
+#include "kernels/kernels.h"
 #include "core/threads.h"
 #include "kittykv.h"
 
@@ -51,7 +51,8 @@ struct kkv_cache {
     float    *attn_buf;     /* [attn_cap] attention partials, grown on demand */
     size_t    attn_cap;
     const kkv_ops *ops;
-    kkv_tp   *tp;
+    kkv_tp   *tp;           /* attention workers: tp_own, or a borrowed pool */
+    kkv_tp   *tp_own;       /* owned; NULL when n_threads <= 1 */
 };
 
 /* Offsets into a (layer, head) staging block, in fp16 elements. */
@@ -104,9 +105,6 @@ kkv_status kkv_pool_take(kkv_cache *c, int *slot);
 void       kkv_pool_give(kkv_cache *c, int slot);
 /* Looks up a live sequence; NULL if there is none with that id. */
 kkv_seq   *kkv_seq_get(const kkv_cache *c, int seq);
-/* Marks a live sequence failed (a forward pass stopped after appending part of
- * its tokens): later append/attend/flush/reserve on it fail until it is freed. */
-void       kkv_seq_set_failed(kkv_cache *c, int seq);
 /* KKV_ERR_INVALID_ARG "what: sequence N ... free it" if s is marked failed. */
 kkv_status kkv_seq_check_usable(const kkv_seq *s, int seq, const char *what);
 

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/cache.h"
 #include "core/status.h"
 #include "model/model.h"
 #include "model/ops.h"
@@ -27,6 +26,8 @@ typedef struct chunk {
 } chunk;
 
 static kkv_status check_cache(const kkv_model *m, const kkv_cache *c) {
+    if (!m->layers)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "forward: the model was loaded vocabulary-only");
     const kkv_cache_config *cfg = kkv_cache_get_config(c);
     if (cfg->n_layers != m->info.n_layers || cfg->n_kv_heads != m->info.n_kv_heads ||
         cfg->head_dim != m->info.head_dim)
@@ -135,7 +136,7 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
 static void mark_if_touched(const kkv_model *m, kkv_cache *c, int seq, int len) {
     for (int l = 0; l < m->info.n_layers; l++)
         if (kkv_seq_len(c, seq, l) != len) {
-            kkv_seq_set_failed(c, seq);
+            (void)kkv_seq_mark_failed(c, seq); /* the sequence exists: cannot fail */
             return;
         }
 }

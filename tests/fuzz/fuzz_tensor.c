@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "core/fileio.h"
+#include "kittykv_eval.h"
 
 static volatile uint8_t g_sink;
 

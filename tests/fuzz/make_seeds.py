@@ -97,7 +97,7 @@ def main():
     write("corpus_tensor", "raw_2x4.seed", cols(4) + bytes(32))
     specs = ["kitty", "fp16", "kivi-k2v2", "kitty-pro:alpha=0.5",
              "kitty:alpha=0.5:select=random:seed=3", "kitty:select=variance:sink=0:group=64",
-             "kivi-k4v2s:window=32:vbits=4", "kitty:select=oracle", "fp16,kitty,kitty-pro",
+             "kivi-k4v2s:window=32:vbits=4", "kitty:select=oracle", "fp16:group=64",
              "kitty:alpha=1e-9:seed=18446744073709551615", "kitty:"]
     for i, s in enumerate(specs):
         write("corpus_method_spec", f"spec{i}.seed", s)
