@@ -1,6 +1,7 @@
 #include "util.h"
 
 #include "kittykv_eval.h"
+#include "kittykv_model.h"
 
 #include <errno.h>
 #include <math.h>
@@ -110,7 +111,21 @@ void cli_json_str(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+/* Control bytes of a message (echoed user text) become '?': one line. */
+static void one_line(char *s) {
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7F) *s = '?';
+}
+
+static int spec_parse(cli_spec *out, const char *text, char *err, size_t errlen);
+
 int cli_spec_parse(cli_spec *out, const char *text, char *err, size_t errlen) {
+    int rc = spec_parse(out, text, err, errlen);
+    if (rc && errlen) one_line(err);
+    return rc;
+}
+
+static int spec_parse(cli_spec *out, const char *text, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     size_t len = strlen(text);
     if (len == 0 || len >= sizeof out->name) {
@@ -135,6 +150,7 @@ int cli_spec_list(cli_spec *out, int cap, const char *list, char *err, size_t er
         char one[sizeof out->name];
         if (len == 0 || len >= sizeof one) {
             snprintf(err, errlen, "bad method list '%s'", list);
+            if (errlen) one_line(err);
             return -1;
         }
         if (n >= cap) {
@@ -147,6 +163,7 @@ int cli_spec_list(cli_spec *out, int cap, const char *list, char *err, size_t er
         for (int i = 0; i < n; i++)
             if (!strcmp(out[i].name, one)) {
                 snprintf(err, errlen, "method '%s' is listed twice", one);
+                if (errlen) one_line(err);
                 return -1;
             }
         n++;
@@ -154,6 +171,7 @@ int cli_spec_list(cli_spec *out, int cap, const char *list, char *err, size_t er
         if (*p == ',') p++;
     }
     if (n == 0) snprintf(err, errlen, "empty method list");
+    if (n == 0 && errlen) one_line(err);
     return n ? n : -1;
 }
 
@@ -176,6 +194,28 @@ int cli_eval_run(kkv_eval_result *res, kkv_eval_result *ref, kkv_model *m, const
     free(names);
     if (s != KKV_OK) {
         fprintf(stderr, "kittykv %s: %s\n", cmd, kkv_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+int cli_threads(int requested, const char *cmd) {
+    int cores = kkv_cpu_count();
+    if (cores < 1) cores = 1;
+    if (requested <= 0) return cores < CLI_MAX_THREADS ? cores : CLI_MAX_THREADS;
+    if (requested > cores)
+        fprintf(stderr, "kittykv %s: warning: -t %d is more than the %d online core%s; "
+                "expect it to be slower, not faster\n", cmd, requested, cores,
+                cores == 1 ? "" : "s");
+    return requested;
+}
+
+int cli_model_load(kkv_model **m, const char *path, kkv_threadpool *tp, const char *cmd) {
+    /* 1 thread: the model starts no workers of its own, then borrows tp */
+    if (kkv_model_load(m, path, 1) != KKV_OK || kkv_model_set_threadpool(*m, tp) != KKV_OK) {
+        fprintf(stderr, "kittykv %s: %s\n", cmd, kkv_last_error());
+        kkv_model_free(*m);
+        *m = NULL;
         return 1;
     }
     return 0;
