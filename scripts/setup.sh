@@ -34,10 +34,10 @@ fi
 # ---- 2. python venv for the oracles and the Python package's build and tests
 # (scikit-build-core builds the wheel without network; pytest runs python/tests)
 PY="$ROOT/.venv/bin/python"
-if ! "$PY" -c 'import numpy, gguf, tokenizers, scikit_build_core, pytest' 2>/dev/null; then
-  say "setting up .venv (numpy, gguf, tokenizers, scikit-build-core, pytest)"
+if ! "$PY" -c 'import numpy, gguf, tokenizers, jinja2, scikit_build_core, pytest' 2>/dev/null; then
+  say "setting up .venv (numpy, gguf, tokenizers, jinja2, scikit-build-core, pytest)"
   [ -x "$PY" ] || python3 -m venv "$ROOT/.venv" || die "python3 -m venv failed"
-  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers \
+  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers jinja2 \
     scikit-build-core pytest >&2 || die "pip install failed (is PyPI reachable?)"
 fi
 
