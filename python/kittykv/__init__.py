@@ -22,7 +22,7 @@ from ._errors import (ClosedError, ContextFull, Error, FileError, FormatError, I
                       NonFinite, NotFound, OutOfMemory, PoolFull, Unsupported, status_str)
 from ._handle import live_handles
 from .core import KERNEL_NAMES, SELECT_NAMES, Cache, Method, Quantized, methods, quantize
-from .model import CHAT_TEMPLATE, Generation, Model
+from .model import Generation, Model, chat_templates
 
 __version__ = "0.1.0"
 
@@ -40,5 +40,5 @@ def cpu_count():
 __all__ = ["Cache", "ClosedError", "ContextFull", "Error", "FileError", "FormatError",
            "Generation", "InvalidArgument", "KERNEL_NAMES", "Method", "Model", "NonFinite",
            "NotFound", "OutOfMemory", "PoolFull", "Quantized", "SELECT_NAMES", "Unsupported",
-           "CHAT_TEMPLATE", "cpu_count", "kernel_best", "live_handles", "methods", "quantize",
+           "chat_templates", "cpu_count", "kernel_best", "live_handles", "methods", "quantize",
            "status_str"]

@@ -91,7 +91,12 @@ class ModelInfo(Structure):  # kkv_model_info
                 ("n_embd", c_int), ("n_heads", c_int), ("n_kv_heads", c_int),
                 ("head_dim", c_int), ("n_ff", c_int), ("n_vocab", c_int),
                 ("n_ctx_train", c_int), ("rope_theta", c_float), ("rms_eps", c_float),
-                ("bos", c_int), ("eos", c_int), ("eot", c_int), ("weight_bytes", c_uint64)]
+                ("bos", c_int), ("eos", c_int), ("eot", c_int), ("weight_bytes", c_uint64),
+                ("rope_neox", c_int), ("rope_dims", c_int)]
+
+
+class ChatMsg(Structure):  # kkv_chat_msg
+    _fields_ = [("role", c_char_p), ("content", c_char_p)]
 
 
 class SamplerParams(Structure):  # kkv_sampler_params
@@ -108,7 +113,8 @@ PROGRESS_FN = CFUNCTYPE(None, c_void_p, c_long, c_long, c_double)  # kkv_eval_pr
 
 class EvalConfig(Structure):  # kkv_eval_config
     _fields_ = [("n_tokens", c_int), ("score_from", c_int), ("chunk", c_int),
-                ("n_threads", c_int), ("keep_kld", c_int), ("ranks", POINTER(c_ubyte)),
+                ("n_threads", c_int), ("pool", c_void_p), ("keep_kld", c_int),
+                ("ranks", POINTER(c_ubyte)),
                 ("progress", PROGRESS_FN), ("progress_user", c_void_p)]
 
 
@@ -123,7 +129,7 @@ class EvalResult(Structure):  # kkv_eval_result
 # The structs test_layout.py checks against the C compiler's view.
 STRUCTS = {"kkv_method": Method, "kkv_cache_config": CacheConfig, "kkv_seq_info": SeqInfo,
            "kkv_mem": Mem, "kkv_model_info": ModelInfo,
-           "kkv_sampler_params": SamplerParams, "kkv_utf8_stream": Utf8Stream,
+           "kkv_sampler_params": SamplerParams, "kkv_chat_msg": ChatMsg, "kkv_utf8_stream": Utf8Stream,
            "kkv_eval_config": EvalConfig, "kkv_eval_result": EvalResult}
 
 # ------------------------------------------------------------------ functions
@@ -217,6 +223,10 @@ _decl(model, "kkv_tokenize_alloc", st, c_void_p, POINTER(POINTER(c_int32)), POIN
 _decl(model, "kkv_token_piece", st, c_void_p, c_char_p, c_size_t, POINTER(c_size_t), c_int32)
 _decl(model, "kkv_detokenize", st, c_void_p, c_char_p, c_size_t, POINTER(c_size_t), I32P,
       c_int)
+_decl(model, "kkv_chat_template_names", POINTER(c_char_p))
+_decl(model, "kkv_chat_template_detect", st, c_void_p, POINTER(c_char_p))
+_decl(model, "kkv_chat_format", st, c_void_p, c_char_p, c_size_t, POINTER(c_size_t),
+      POINTER(ChatMsg), c_int, c_int, c_char_p)
 _decl(model, "kkv_utf8_stream_init", None, POINTER(Utf8Stream))
 _decl(model, "kkv_utf8_stream_feed", c_size_t, POINTER(Utf8Stream), c_char_p, c_char_p,
       c_size_t)

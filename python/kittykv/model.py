@@ -13,10 +13,16 @@ from .core import methods as _method_names
 _M = _lib.model
 _E = _lib.evl
 
-# SmolLM2's ChatML template, as `kittykv generate --chat` uses it
-CHAT_TEMPLATE = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained "
-                 "by Hugging Face<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
-                 "<|im_start|>assistant\n")
+
+
+def chat_templates():
+    """The chat template families the library applies (chatml, llama3, ...)."""
+    names = _M.kkv_chat_template_names()
+    out, i = [], 0
+    while names[i] is not None:
+        out.append(names[i].decode())
+        i += 1
+    return out
 
 
 def _i32(tokens, what):
@@ -134,6 +140,39 @@ class Model(Handle):
                   "detokenize")
         return buf.raw[:n.value].decode("utf-8", "replace")
 
+    @property
+    def chat_template(self):
+        """The family of the model's own chat template ("chatml", ...);
+        NotFound without one, Unsupported for an unknown one."""
+        name = ctypes.c_char_p()
+        with self._use() as m:
+            check(_M.kkv_chat_template_detect(m, ctypes.byref(name)), "chat_template")
+        return name.value.decode()
+
+    def chat_format(self, messages, add_generation_prompt=True, template=None):
+        """Formats chat messages -- (role, content) pairs or {"role", "content"}
+        dicts, roles "system", "user", "assistant" -- as a prompt with the
+        model's chat template (or the named family), plus the assistant's
+        opening when add_generation_prompt. Tokenize it with special=True."""
+        msgs = []
+        for msg in messages:
+            role, content = (msg["role"], msg["content"]) if isinstance(msg, dict) else msg
+            if "\0" in content:
+                raise InvalidArgument("chat_format: a message cannot hold NUL characters")
+            msgs.append(_lib.ChatMsg(role.encode(), content.encode("utf-8")))
+        arr = (_lib.ChatMsg * max(len(msgs), 1))(*msgs)
+        tmpl = template.encode() if template else None
+        need = ctypes.c_size_t()
+        with self._use() as m:
+            s = _M.kkv_chat_format(m, None, 0, ctypes.byref(need), arr, len(msgs),
+                                   int(bool(add_generation_prompt)), tmpl)
+            if s != 0 and need.value == 0:
+                check(s, "chat_format")
+            buf = ctypes.create_string_buffer(need.value + 1)
+            check(_M.kkv_chat_format(m, buf, len(buf), ctypes.byref(need), arr, len(msgs),
+                                     int(bool(add_generation_prompt)), tmpl), "chat_format")
+        return buf.raw[:need.value].decode("utf-8")
+
     # -- caches and forward passes
     def cache_config(self, method="kitty", pool_bytes=0, n_tokens=None):
         """kkv_cache_config for this model's shape (a ctypes struct, internal)."""
@@ -174,18 +213,20 @@ class Model(Handle):
     # -- generation
     def generate(self, prompt, max_tokens=128, kv="kitty", temperature=0.0, *, top_p=0.95,
                  top_k=0, min_p=0.0, repeat_penalty=1.0, repeat_last_n=64, seed=42,
-                 chat=False, ctx=8192, n_threads=0):
+                 chat=False, chat_template=None, ctx=8192, n_threads=0):
         """Generates a continuation of prompt with every attention read going
         through a `kv` cache (a Method or spec). Returns a Generation: iterate
         it for the text pieces as they complete (whole UTF-8 characters);
         afterwards .tokens holds the generated ids (the stop token included),
         .stopped whether the model ended its turn, .mem the cache's bytes.
 
-        prompt: text (BOS added; chat wraps it in SmolLM2's ChatML template)
-        or a sequence of token ids used as they are. temperature 0 is greedy:
+        prompt: text (BOS added; chat formats it as one user message with the
+        model's chat template, or the chat_template family) or a sequence of
+        token ids used as they are. temperature 0 is greedy:
         the same ids as ``kittykv generate --temp 0 --ids-out``."""
         return Generation(self, prompt, max_tokens, kv, temperature, top_p, top_k, min_p,
-                          repeat_penalty, repeat_last_n, seed, chat, ctx, n_threads)
+                          repeat_penalty, repeat_last_n, seed, chat or bool(chat_template),
+                          chat_template, ctx, n_threads)
 
     # -- evaluation
     def eval(self, text, methods=None, ctx=None, *, score_from=256, chunk=64, n_threads=0,
@@ -265,14 +306,15 @@ class Generation:
     Owns a cache and a sampler, freed when the iteration ends or on close()."""
 
     def __init__(self, model, prompt, max_tokens, kv, temperature, top_p, top_k, min_p,
-                 repeat_penalty, repeat_last_n, seed, chat, ctx, n_threads):
+                 repeat_penalty, repeat_last_n, seed, chat, chat_template, ctx, n_threads):
         self.model = model
         self.method = as_method(kv)
         self.tokens = []      # generated ids, stop token included
         self.stopped = False  # True if the last id ends the text
         self.mem = None       # the cache's kkv_mem (dict) when done
         if isinstance(prompt, str):
-            text = CHAT_TEMPLATE.format(prompt) if chat else prompt
+            text = model.chat_format([("user", prompt)], True, chat_template) if chat \
+                else prompt
             self.prompt_tokens = model.tokenize(text, add_bos=True, special=bool(chat))
         else:
             self.prompt_tokens = _i32(prompt, "generate")

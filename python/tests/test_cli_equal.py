@@ -128,3 +128,17 @@ def test_seeded_sampling_equals_cli(cli, model, model_path, tmp_path):
                        min_p=0.02, repeat_penalty=1.1, repeat_last_n=16, seed=5)
     g.text()
     assert g.tokens == cli_ids
+
+
+def test_chat_generate_equals_cli(cli, model, model_path, tmp_path):
+    ids = tmp_path / "ids.txt"
+    p = _run(cli, "generate", "-m", model_path, "-t", 2, "-p", "What is a lighthouse?",
+             "-n", 10, "--chat", "--ids-out", ids)
+    cli_ids = [int(x) for x in ids.read_text().strip().split(",") if x]
+    assert model.chat_template == "chatml"
+    prompt = model.chat_format([("user", "What is a lighthouse?")])
+    assert prompt.endswith("<|im_start|>assistant\n")
+    g = model.generate("What is a lighthouse?", 10, chat=True)
+    assert g.text() == p.stdout.rstrip("\n")
+    assert g.tokens == cli_ids
+    assert "chatml" in kittykv.chat_templates()
