@@ -59,7 +59,7 @@ static int write_pages(const char *path, const kkv_cache *c, int seq, int fp16) 
     size_t bytes = c->kpage;
     uint8_t *buf = malloc(bytes); /* one key page */
     int bad = !buf;
-    for (int p = 0; !bad && p < s->n_kpages[0]; p++) {
+    for (int p = 0; !bad && p < s->ly[0].kp; p++) {
         bad = kkv_seq_key_page(c, buf, bytes, seq, 0, 0, p) != KKV_OK;
         bad = bad || fwrite(buf, 1, bytes, f) != bytes;
     }
