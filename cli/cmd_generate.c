@@ -41,13 +41,21 @@ static void usage(FILE *f) {
             "                 fraction of fp16, prefill and decode tok/s. Implies --temp 0;\n"
             "                 not with --kv, --alpha or --temp > 0\n"
             "  --alpha A      override the method's boost fraction, in [0, 1]\n"
+            "  --eager-values quantize each value as it leaves the fp16 window (no value\n"
+            "                 Q-buffer; not the paper's lifecycle)\n"
             "  --temp T       sampling temperature (default 0 = greedy, deterministic)\n"
             "  --top-p P      nucleus sampling mass, (0, 1] (default 0.95)\n"
             "  --seed S       sampler seed (default 42)\n"
             "  -t THREADS     threads (default 0 = all cores)\n"
             "  -c CTX         context limit of the sequence in tokens (default 8192)\n"
             "  --kv-budget MB KV pool budget per cache (default: exactly what CTX tokens need)\n"
-            "  --chat         wrap the prompt in the ChatML template of SmolLM2\n");
+            "  --chat         wrap the prompt in the ChatML template of SmolLM2\n"
+            "  --save-state FILE  after the run, save the sequence (its quantized cache,\n"
+            "                 token ids and the next token to feed) to FILE; with -n 0\n"
+            "                 the prompt only\n"
+            "  --load-state FILE  continue a saved sequence (same model and --kv method):\n"
+            "                 -p MORE (optional, no BOS) is fed after it, then -n N tokens;\n"
+            "                 greedy output is the uninterrupted run's\n");
 }
 
 /* Options. Four are for tests and left out of --help:
@@ -66,11 +74,14 @@ typedef struct opts {
     const char *logits_out; /* hidden: float32 logits of the last prompt token */
     const char *kv;
     const char *compare;    /* --compare LIST as given, or NULL */
+    const char *save_state; /* --save-state FILE, or NULL */
+    const char *load_state; /* --load-state FILE, or NULL */
     const char *methods[MAX_COMPARE]; /* [n_methods] names, pointing into names_buf */
     char        names_buf[256];
     int         n_methods;  /* 1 without --compare */
     int         n_gen, threads, ctx, chat, have_alpha, have_budget, have_kv;
     int         exact_matmul; /* hidden: --exact-matmul */
+    int         eager;        /* --eager-values */
     float       alpha, temp, top_p;
     double      budget_mb;
     uint64_t    seed;
@@ -130,10 +141,14 @@ static int parse(opts *o, int argc, char **argv) {
             o->exact_matmul = 1;
             continue;
         }
+        if (!strcmp(a, "--eager-values")) {
+            o->eager = 1;
+            continue;
+        }
         static const char *const with_value[] = {
             "-m", "--model", "-p", "--prompt", "--prompt-ids", "--ids-out", "--logits-out",
             "--kv", "--compare", "-n", "-t", "--threads", "-c", "--ctx", "--alpha", "--temp",
-            "--top-p", "--seed", "--kv-budget", NULL};
+            "--top-p", "--seed", "--kv-budget", "--save-state", "--load-state", NULL};
         int known = 0;
         for (const char *const *w = with_value; *w; w++) known |= !strcmp(a, *w);
         if (!known) {
@@ -150,6 +165,8 @@ static int parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
         else if (!strcmp(a, "--ids-out")) o->ids_out = v;
         else if (!strcmp(a, "--logits-out")) o->logits_out = v;
+        else if (!strcmp(a, "--save-state")) o->save_state = v;
+        else if (!strcmp(a, "--load-state")) o->load_state = v;
         else if (!strcmp(a, "--kv")) {
             o->kv = v;
             o->have_kv = 1;
@@ -186,7 +203,7 @@ static int parse(opts *o, int argc, char **argv) {
             return 2;
         }
     }
-    if (!o->prompt && !o->prompt_ids) {
+    if (!o->prompt && !o->prompt_ids && !o->load_state) {
         fprintf(stderr, "kittykv " CMD ": -p PROMPT is required (see --help)\n");
         return 2;
     }
@@ -198,6 +215,7 @@ static int parse(opts *o, int argc, char **argv) {
         /* A comparison is only meaningful when every method sees the same
          * deterministic decoding rule and its own defaults. */
         const char *clash = o->have_kv ? "--kv" : o->have_alpha ? "--alpha"
+                          : o->save_state ? "--save-state" : o->load_state ? "--load-state"
                           : o->temp > 0.0f ? "--temp > 0" : o->ids_out ? "--ids-out"
                           : o->logits_out ? "--logits-out" : NULL;
         if (clash) {
@@ -273,7 +291,8 @@ static int prompt_tokens(const opts *o, const kkv_model *m, int32_t **ids, int *
         free(*ids);
         *ids = malloc((size_t)cap * sizeof **ids);
         if (!*ids) break;
-        s = kkv_tokenize(m, *ids, cap, n, text, len, 1, o->chat);
+        /* a continuation of a loaded state gets no BOS */
+        s = kkv_tokenize(m, *ids, cap, n, text, len, !o->load_state, o->chat);
         if (s != KKV_ERR_INVALID_ARG || *n <= cap) break;
         cap = *n; /* too small: *n says how many are needed */
     }
@@ -382,6 +401,7 @@ static int run_method(method_run *res, const opts *o, kkv_model *m,
         return 2;
     }
     if (o->have_alpha) method.alpha = o->alpha;
+    method.eager_values = o->eager;
     if (kkv_method_check(&method, info->head_dim) != KKV_OK) return fail("--kv");
     res->name = name;
     res->alpha = method.alpha;
@@ -393,16 +413,66 @@ static int run_method(method_run *res, const opts *o, kkv_model *m,
         return fail("sizing the KV pool");
     kkv_cache *cache;
     if (kkv_cache_create(&cache, &cfg) != KKV_OK) return fail("creating the KV cache");
-    int rc = 0, seq;
+    int rc = 0, seq = -1;
+    /* hist: every id the cache holds, then the next one to feed; a saved state
+     * carries the same list, so a load continues exactly where a run stopped */
+    int32_t *hist = malloc(((size_t)o->ctx + 2) * sizeof *hist); /* [ctx + 2] */
+    int n_hist = 0;
+    int32_t *feed = NULL; /* [n_feed] the first forward pass's tokens */
+    int n_feed = n_prompt;
+    if (!hist) {
+        fprintf(stderr, "kittykv " CMD ": out of memory\n");
+        rc = 1;
+    }
+    if (!rc && o->load_state) {
+        uint64_t fp = kkv_model_fingerprint(m);
+        kkv_status ls = kkv_seq_load_file(cache, &seq, o->load_state, fp, hist, o->ctx + 1, &n_hist);
+        if (ls != KKV_OK) {
+            fprintf(stderr, "kittykv " CMD ": --load-state %s: %s\n", o->load_state,
+                    ls == KKV_ERR_INVALID_ARG ? "longer than the context (-c)" : kkv_last_error());
+            rc = 1;
+        } else if (n_hist != kkv_seq_len(cache, seq, 0) + 1) {
+            fprintf(stderr, "kittykv " CMD ": --load-state %s: %d token ids for a sequence of %d "
+                    "tokens (not saved by kittykv generate)\n", o->load_state, n_hist,
+                    kkv_seq_len(cache, seq, 0));
+            rc = 1;
+        } else if (n_hist + n_prompt + o->n_gen > o->ctx) {
+            fprintf(stderr, "kittykv " CMD ": the loaded %d tokens plus %d more exceed the "
+                    "context of %d tokens (-c)\n", n_hist, n_prompt + o->n_gen, o->ctx);
+            rc = 1;
+        } else {
+            /* the pending token, then the new prompt */
+            n_hist--;
+            n_feed = 1 + n_prompt;
+            feed = malloc((size_t)n_feed * sizeof *feed);
+            if (!feed) {
+                fprintf(stderr, "kittykv " CMD ": out of memory\n");
+                rc = 1;
+            } else {
+                feed[0] = hist[n_hist];
+                if (n_prompt) memcpy(feed + 1, prompt, (size_t)n_prompt * sizeof *feed);
+            }
+        }
+    } else if (!rc) {
+        if (kkv_seq_add(cache, &seq) != KKV_OK) rc = fail("KV pool too small");
+    }
+    const int32_t *first = feed ? feed : prompt;
+    /* saving the prompt alone: its last token stays pending (chunking
+     * invariance: n - 1 then 1 token is the n-token prefill) */
+    int hold = o->save_state && o->n_gen == 0 && !feed;
     /* Everything the run can need, up front: a pool or context that is too
      * small is one clear error before any output. */
-    if (kkv_seq_add(cache, &seq) != KKV_OK) rc = fail("KV pool too small");
-    else if (kkv_seq_reserve(cache, seq, n_prompt + o->n_gen) != KKV_OK)
+    if (!rc && kkv_seq_reserve(cache, seq, n_feed + o->n_gen) != KKV_OK)
         rc = fail("context too long for the KV pool");
 
     double t0 = cli_now();
-    if (!rc && kkv_model_forward(m, cache, logits, seq, prompt, n_prompt, 0) != KKV_OK)
+    if (!rc && n_feed - hold > 0 &&
+        kkv_model_forward(m, cache, logits, seq, first, n_feed - hold, 0) != KKV_OK)
         rc = fail("prefill");
+    if (!rc) {
+        memcpy(hist + n_hist, first, (size_t)n_feed * sizeof *hist);
+        n_hist += n_feed - hold;
+    }
     res->t_prefill = cli_now() - t0;
     if (!rc && o->logits_out && write_logits(o->logits_out, logits, info->n_vocab)) rc = 1;
 
@@ -416,6 +486,7 @@ static int run_method(method_run *res, const opts *o, kkv_model *m,
             break;
         }
         res->gen[res->n_out++] = tok;
+        hist[n_hist] = tok; /* pending until fed */
         if (tok == info->eos || tok == info->eot) {
             res->stopped = 1;
             break;
@@ -428,9 +499,17 @@ static int run_method(method_run *res, const opts *o, kkv_model *m,
             rc = fail("decode");
             break;
         }
+        n_hist++;
         res->t_decode += cli_now() - t1;
         res->n_decode++;
     }
+    if (!rc && o->save_state) {
+        kkv_state_meta meta = {kkv_model_fingerprint(m), hist, n_hist + 1};
+        if (kkv_seq_save_file(cache, o->save_state, seq, &meta) != KKV_OK)
+            rc = fail("--save-state");
+    }
+    free(feed);
+    free(hist);
     if (!rc) {
         char tail[UTF8_STREAM_BOUND(0)];
         fwrite(tail, 1, utf8_stream_flush(&u8, tail), stdout);
@@ -543,7 +622,8 @@ static int generate(const opts *o, run_state *r) {
     kkv_model_info info;
     kkv_model_get_info(r->model, &info);
 
-    int n_prompt, rc = prompt_tokens(o, r->model, &r->prompt, &n_prompt);
+    int n_prompt = 0, rc = 0;
+    if (o->prompt || o->prompt_ids) rc = prompt_tokens(o, r->model, &r->prompt, &n_prompt);
     if (rc) return rc;
     if ((long)n_prompt + o->n_gen > o->ctx) {
         fprintf(stderr, "kittykv " CMD ": the prompt (%d token(s)) plus %d new tokens exceed the "

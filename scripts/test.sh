@@ -43,6 +43,12 @@ if command -v clang >/dev/null; then
     build-clang/tests/fuzz_gguf -max_total_time="$FUZZ_SECONDS" -max_len=65536 \
       build-clang/corpus tests/fuzz/corpus_gguf 2>&1 | tail -n 3
   fi
+  if [ -x build-clang/tests/fuzz_state ]; then
+    step "libFuzzer (sequence-state loader, ${FUZZ_SECONDS}s)"
+    mkdir -p build-clang/corpus_state
+    build-clang/tests/fuzz_state -max_total_time="$FUZZ_SECONDS" -max_len=65536 \
+      build-clang/corpus_state tests/fuzz/corpus_state 2>&1 | tail -n 3
+  fi
 fi
 
 if command -v nvcc >/dev/null; then

@@ -400,7 +400,30 @@ static void test_state(const kkv_method *m, const char *what, int T, int exhaust
     kkv_cache_free(c);
 }
 
+/* Seeds for tests/fuzz/fuzz_state (its cache shape): KKV_FUZZ_CORPUS=dir. */
+static void write_corpus(const char *dir) {
+    const int lens[] = {0, 3, 17, 40};
+    for (int eager = 0; eager < 2; eager++)
+        for (int i = 0; i < 4; i++) {
+            kkv_method m = meth("kitty", 1, eager);
+            kkv_cache *c = mk(&m, 1u << 20);
+            int s;
+            kkv_seq_add(c, &s);
+            feed(c, s, 0, lens[i], NULL);
+            int32_t toks[2] = {1, 2};
+            kkv_state_meta meta = {0x1234abcdull, toks, 2};
+            char path[512];
+            snprintf(path, sizeof path, "%s/state_%s_%d", dir, eager ? "eager" : "paper", lens[i]);
+            CHECK(kkv_seq_save_file(c, path, s, &meta) == KKV_OK, "%s", kkv_last_error());
+            kkv_cache_free(c);
+        }
+}
+
 int main(void) {
+    if (getenv("KKV_FUZZ_CORPUS")) {
+        write_corpus(getenv("KKV_FUZZ_CORPUS"));
+        return tu_summary();
+    }
     test_eager();
     test_fork();
     const char *names[] = {"kitty", "kitty-pro", "fp16", "kivi-k2v4s"};
