@@ -33,6 +33,7 @@ enum {
     BO_MAXBATCH = 1 << 11, /* --max-batch N                     */
     BO_BASELINE = 1 << 12, /* --no-baseline                     */
     BO_CTX1     = 1 << 13, /* --ctx N (one value)               */
+    BO_PREFIX   = 1 << 14, /* --shared-prefix N                 */
 };
 
 typedef struct bench_opts {
@@ -44,6 +45,7 @@ typedef struct bench_opts {
     int         ctx;        /* serve: one context                      */
     kkv_method  methods[BENCH_MAX_METHODS];
     const char *method_names[BENCH_MAX_METHODS];
+    char        labels[BENCH_MAX_METHODS][72]; /* "NAME:eager" names live here */
     int         n_methods;
     int         threads;    /* >= 1                                    */
     kkv_kernel  kernel;
@@ -54,6 +56,7 @@ typedef struct bench_opts {
     int         bw_mb;      /* read-test array size                    */
     int         max_batch;
     int         baseline;   /* flush: also run fp16 as a noise floor   */
+    int         shared_prefix; /* serve: tokens every sequence shares (0: none) */
 } bench_opts;
 
 /* Parses argv[1..] into o (defaults already set by the caller; o->cmd set).
@@ -62,7 +65,8 @@ typedef struct bench_opts {
  * by kkv_method_check when the shape is known. */
 int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
                 void (*usage)(FILE *f));
-/* Sets o->methods from a comma-separated list of method names; 2 on error. */
+/* Sets o->methods from a comma-separated list of method names, each optionally
+ * NAME:eager (eager value quantization); 2 on error. */
 int bench_set_methods(bench_opts *o, const char *list);
 
 /* The subcommands (cli/bench_*.c). Exit status as in cmd.h. */

@@ -27,7 +27,10 @@ int bench_set_methods(bench_opts *o, const char *list) {
         memcpy(name, p, len);
         name[len] = 0;
         int i = o->n_methods;
-        if (kkv_method_from_name(&o->methods[i], name) != KKV_OK) {
+        char *colon = strchr(name, ':');
+        int eager = colon && !strcmp(colon, ":eager");
+        if (eager) *colon = 0;
+        if ((colon && !eager) || kkv_method_from_name(&o->methods[i], name) != KKV_OK) {
             fprintf(stderr, "kittykv %s: unknown method '%s' (one of:", o->cmd, name);
             for (const char *const *n = kkv_method_names(); *n; n++) fprintf(stderr, " %s", *n);
             fprintf(stderr, ")\n");
@@ -36,6 +39,12 @@ int bench_set_methods(bench_opts *o, const char *list) {
         /* keep the library's constant name, not a pointer into argv */
         for (const char *const *n = kkv_method_names(); *n; n++)
             if (!strcmp(*n, name)) o->method_names[i] = *n;
+        if (eager) {
+            o->methods[i].eager_values = 1;
+            snprintf(o->labels[i], sizeof o->labels[i], "%s:eager", name);
+            o->method_names[i] = o->labels[i];
+            memcpy(name, o->labels[i], strlen(o->labels[i]) + 1);
+        }
         for (int j = 0; j < i; j++)
             if (!strcmp(o->method_names[j], name)) {
                 fprintf(stderr, "kittykv %s: method '%s' listed twice\n", o->cmd, name);
@@ -100,6 +109,7 @@ int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
         else if (!strcmp(a, "--reps")) need = BO_REPS;
         else if (!strcmp(a, "--bw-mb")) need = BO_BW;
         else if (!strcmp(a, "--max-batch")) need = BO_MAXBATCH;
+        else if (!strcmp(a, "--shared-prefix")) need = BO_PREFIX;
         if (!need || !(allowed & need)) goto unknown;
         if (i + 1 >= argc) {
             fprintf(stderr, "kittykv %s: %s needs a value (see --help)\n", cmd, a);
@@ -142,6 +152,7 @@ int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
         case BO_REPS: bad = cli_int(&o->reps, v, 1, 100000, cmd, a) != 0; break;
         case BO_BW: bad = cli_int(&o->bw_mb, v, 1, 1 << 16, cmd, a) != 0; break;
         case BO_MAXBATCH: bad = cli_int(&o->max_batch, v, 1, 1 << 16, cmd, a) != 0; break;
+        case BO_PREFIX: bad = cli_int(&o->shared_prefix, v, 0, 1 << 24, cmd, a) != 0; break;
         default: bad = 1;
         }
         if (bad) return 2;
