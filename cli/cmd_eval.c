@@ -38,7 +38,8 @@ static void usage(FILE *f) {
             "\n"
             "A method spec is a method name with optional ':key=value' overrides:\n"
             "  alpha=F  select=magnitude|variance|random  seed=N  sink=N  group=N\n"
-            "  window=N vbits=2|4          e.g. kitty:alpha=0.5:select=random:seed=3\n"
+            "  window=N vbits=2|4  eager=0|1 (quantize values as they leave the window)\n"
+            "                              e.g. kitty:alpha=0.5:select=random:seed=3\n"
             "Methods:",
             cli_default_model(), KKV_SOURCE_DIR);
     for (const char *const *n = kkv_method_names(); *n; n++) fprintf(f, " %s", *n);

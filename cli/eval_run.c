@@ -82,9 +82,11 @@ int eval_spec_parse(eval_spec *out, const char *text, char *err, size_t errlen) 
             bad = parse_int(&m->window, val, 0, 1 << 20);
         } else if (!strcmp(key, "vbits")) {
             bad = parse_int(&m->value_bits, val, 2, 4) || m->value_bits == 3;
+        } else if (!strcmp(key, "eager")) {
+            bad = parse_int(&m->eager_values, val, 0, 1);
         } else {
             snprintf(err, errlen, "spec '%s': unknown key '%s' (alpha, select, seed, sink, "
-                     "group, window, vbits)", text, key);
+                     "group, window, vbits, eager)", text, key);
             return -1;
         }
         if (bad) {
