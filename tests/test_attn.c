@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "kittykv.h"
+#include "kittykv_cpu.h"
+#include "kittykv_model.h"
 #include "testutil.h"
 
 #define U32 (1.0 / 16777216.0) /* unit roundoff of fp32, 2^-24 */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kittykv.h"
+#include "kittykv_cpu.h"
 #include "testutil.h"
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {

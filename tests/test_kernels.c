@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn/attn.h"
+#include "kernels/kernels.h"
 #include "core/cpu.h"
 #include "core/fp16.h"
 #include "quant/quant.h"

@@ -57,7 +57,7 @@ def main():
     more = [504, 1300, 282, 9018, 30]
     pid = lambda ids: ",".join(str(x) for x in ids)
     for kv in ("kitty", "kitty:eager"):
-        method = ["--kv", "kitty"] + (["--eager-values"] if kv != "kitty" else [])
+        method = ["--kv", "kitty" if kv == "kitty" else "kitty:eager=1"]
         r, full = gen(*method, "--prompt-ids", pid(prompt), "-n", str(N))
         check(r.returncode == 0 and len(full) == N, f"{kv}: uninterrupted run of {N} tokens")
         st = os.path.join(tmp, "s.kkv")
@@ -92,7 +92,7 @@ def main():
             lines = r.stderr.strip().splitlines()
             check(r.returncode != 0 and ids is None and len(lines) == 1 and "seq_load" in lines[0],
                   f"{kv}: {what} file refused in one line: {r.stderr.strip()!r}")
-        other = ["--kv", "kitty-pro"] + method[2:]
+        other = ["--kv", "kitty-pro" if kv == "kitty" else "kitty-pro:eager=1"]
         r, ids = gen(*other, "--load-state", st, "-n", "3")
         check(r.returncode != 0 and "another method" in r.stderr, f"{kv}: another --kv refused")
     print(f"{len(failures)} failed")
