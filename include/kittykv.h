@@ -328,7 +328,10 @@ kkv_status kkv_seq_load_file(kkv_cache *c, int *seq, const char *path,
 kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const float *v);
 
 /* Quantizes any full key Q-buffer / value Q-buffer of (seq, layer) into pages.
- * Call after kkv_attend() of the step (docs/FORMAT.md section 3). */
+ * Call after kkv_attend() of the step (docs/FORMAT.md section 3). The page
+ * comes from the staging the flush frees (or the sequence's credit); only
+ * where a page is larger than that staging (tiny groups) and nothing was
+ * reserved can it meet KKV_ERR_POOL_FULL, leaving everything as it was. */
 kkv_status kkv_flush(kkv_cache *c, int seq, int layer);
 
 /* Decode attention of n_q query heads over everything cached for (seq, layer):

@@ -3,10 +3,14 @@
  * for values, where
  *   key tail   = the key Q-buffer (0..G tokens, fp16),
  *   value tail = value Q-buffer followed by the window of the R newest values
- *                (0..R+G tokens, fp16, oldest first).
- * A page slot holds page p of one sequence for every layer and head: the key
- * page and the value page of the same G tokens. The value page is written up
- * to R tokens later than the key page, into the slot the key page allocated. */
+ *                (0..R+G tokens, fp16, oldest first; with eager values only
+ *                the window, 0..R, and vq % G rows of a page being written).
+ * A page slot holds page p of one layer of one sequence for every head: the
+ * key page and the value page of the same G tokens. The value page is written
+ * up to R tokens later than the key page, into the slot the key page took.
+ * Slots are reference-counted: forks share the ones whose pages are complete.
+ * Staging is per layer, grown and shrunk in KKV_STAGE_CHUNK-token steps, and
+ * accounted against the pool through the sequence's credit (cache.c). */
 #ifndef KKV_CACHE_CACHE_H
 #define KKV_CACHE_CACHE_H
 
