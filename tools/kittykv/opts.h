@@ -50,6 +50,10 @@ int opts_parse(const char *cmd, const opt_def *defs, int n, int argc, char *cons
 void opts_help(FILE *f, const char *cmd, const char *synopsis, const opt_def *defs, int n,
                const char *epilog);
 
+/* Only the options table of opts_help (for commands that write their own
+ * usage line and description first). */
+void opts_help_options(FILE *f, const opt_def *defs, int n);
+
 /* opts_parse, then: --help printed on stdout (returns -1), an error printed
  * on stderr (returns 2), or 0 to run. The convenience every command uses. */
 int opts_run(const char *cmd, const char *synopsis, const opt_def *defs, int n,
