@@ -180,7 +180,7 @@ static void test_model_api(kkv_model *m, const char *path) {
     kkv_method_parse(&fp16, "fp16");
     kkv_cache_config cfg = kkv_model_cache_config(m, &fp16, 16u << 20);
     kkv_cache *cache;
-    int seq;
+    int seq = -1;
     CHECK(kkv_cache_create(&cache, &cfg) == KKV_OK && kkv_seq_add(cache, &seq) == KKV_OK, "cache");
     CHECK(kkv_model_forward(v, cache, NULL, seq, a, na, 0) == KKV_ERR_INVALID_ARG,
           "vocab-only model refuses a forward pass");
