@@ -32,10 +32,10 @@ fi
 
 # ---- 2. python venv for the oracles
 PY="$ROOT/.venv/bin/python"
-if ! "$PY" -c 'import numpy, gguf, tokenizers' 2>/dev/null; then
-  say "creating .venv (numpy, gguf, tokenizers)"
+if ! "$PY" -c 'import numpy, gguf, tokenizers, jinja2' 2>/dev/null; then
+  say "creating .venv (numpy, gguf, tokenizers, jinja2)"
   python3 -m venv "$ROOT/.venv" || die "python3 -m venv failed"
-  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers >&2 \
+  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers jinja2 >&2 \
     || die "pip install failed (is PyPI reachable?)"
 fi
 

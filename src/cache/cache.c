@@ -1,5 +1,6 @@
 /* Cache lifecycle: create/free, sequences, and the token lifecycle of
  * docs/FORMAT.md section 3 (append -> attend -> flush). */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +14,8 @@
 #define DEFAULT_MAX_SEQS 256
 
 kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
+    if (out) *out = NULL;
     if (!out || !cfg) return kkv_fail(KKV_ERR_INVALID_ARG, "cache: NULL argument");
-    *out = NULL;
     if (cfg->n_layers < 1 || cfg->n_layers > 4096)
         return kkv_fail(KKV_ERR_INVALID_ARG, "cache: n_layers %d must be in 1..4096",
                         cfg->n_layers);
@@ -125,6 +126,21 @@ int kkv_seq_new_id(const kkv_cache *c) {
     return -1;
 }
 
+kkv_status kkv_seq_mark_failed(kkv_cache *c, int seq) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "mark_failed: NULL cache");
+    kkv_seq *s = kkv_seq_get(c, seq);
+    if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "mark_failed: no sequence %d", seq);
+    s->failed = 1;
+    return KKV_OK;
+}
+
+kkv_status kkv_seq_check_usable(const kkv_seq *s, int seq, const char *what) {
+    if (s->failed)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "%s: sequence %d holds part of a failed forward "
+                        "pass; free it", what, seq);
+    return KKV_OK;
+}
+
 /* An empty sequence holds nothing from the pool: staging and pages come as
  * tokens arrive (or with kkv_seq_reserve). */
 kkv_status kkv_seq_add(kkv_cache *c, int *seq) {
@@ -142,6 +158,7 @@ kkv_status kkv_seq_add(kkv_cache *c, int *seq) {
 }
 
 kkv_status kkv_seq_free(kkv_cache *c, int seq) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "seq_free: NULL cache");
     kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "seq_free: no sequence %d", seq);
     seq_release(c, s);
@@ -152,6 +169,7 @@ kkv_status kkv_seq_fork(kkv_cache *c, int *child, int parent) {
     if (!c || !child) return kkv_fail(KKV_ERR_INVALID_ARG, "seq_fork: NULL argument");
     kkv_seq *p = kkv_seq_get(c, parent);
     if (!p) return kkv_fail(KKV_ERR_NOT_FOUND, "seq_fork: no sequence %d", parent);
+    KKV_TRY(kkv_seq_check_usable(p, parent, "seq_fork"));
     int id = kkv_seq_new_id(c);
     if (id < 0)
         return kkv_fail(KKV_ERR_POOL_FULL, "seq_fork: all %d sequence slots in use",
@@ -358,10 +376,7 @@ static kkv_status stage_resize(const kkv_cache *c, kkv_lseq *y, const kkv_counts
     } else if (nt == 0) {
         free(dst);
         dst = NULL;
-    } else {
-        uint16_t *shr = realloc(dst, (size_t)c->H * nt * D * 2);
-        if (shr) dst = shr; /* a failed shrink keeps the larger block */
-    }
+    } /* else the block keeps its size: only the failure path shrinks in place */
     y->stage = dst;
     y->cs = k.cs, y->ck = k.ck, y->cv = k.cv;
     return KKV_OK;
@@ -417,39 +432,117 @@ static kkv_status prepare(kkv_cache *c, kkv_seq *s, int l, lstate to) {
     return KKV_OK;
 }
 
-/* After the change: the staging shrinks to what the state needs. */
-static void settle(kkv_cache *c, kkv_seq *s, int l) {
+/* The buffer a change of layer l to state `to` ends in, allocated before
+ * anything changes (so that its failure leaves the cache as it was): NULL when
+ * no region ends smaller than it is during the change, or when it ends empty. */
+static kkv_status pre_settle(const kkv_cache *c, const kkv_seq *s, int l, lstate to,
+                             uint16_t **pre) {
+    const kkv_lseq *y = &s->ly[l];
+    caps w = caps_of(c, to);
+    *pre = NULL;
+    if (w.cs >= y->cs && w.ck >= y->ck && w.cv >= y->cv) return KKV_OK;
+    size_t nt = (size_t)(2 * w.cs + w.ck + w.cv);
+    if (nt == 0) return KKV_OK;
+    *pre = malloc((size_t)c->H * nt * c->D * 2);
+    return *pre ? KKV_OK : kkv_fail(KKV_ERR_NOMEM, "staging: out of memory");
+}
+
+/* After the change: the staging moves into `pre` (from pre_settle()), sized
+ * to what the state needs, and the larger block is freed. */
+static void settle(kkv_cache *c, kkv_seq *s, int l, uint16_t *pre) {
     kkv_lseq *y = &s->ly[l];
     kkv_counts n = kkv_counts_of(c, s, l);
-    (void)stage_resize(c, y, &n, caps_of(c, lstate_of(y)));
+    caps k = caps_of(c, lstate_of(y));
+    if (k.cs == y->cs && k.ck == y->ck && k.cv == y->cv) {
+        free(pre);
+        return;
+    }
+    size_t D = (size_t)c->D, nt = (size_t)(2 * k.cs + k.ck + k.cv);
+    size_t ot = (size_t)(2 * y->cs + y->ck + y->cv);
+    if (pre) {
+        size_t so[4] = {0, (size_t)y->cs, (size_t)2 * y->cs, (size_t)(2 * y->cs + y->ck)};
+        size_t doff[4] = {0, (size_t)k.cs, (size_t)2 * k.cs, (size_t)(2 * k.cs + k.ck)};
+        size_t rows[4] = {(size_t)n.sink, (size_t)n.sink, (size_t)n.ktail, (size_t)n.vtail};
+        for (int h = 0; h < c->H; h++)
+            for (int r = 0; r < 4; r++)
+                if (rows[r])
+                    memcpy(pre + ((size_t)h * nt + doff[r]) * D,
+                           y->stage + ((size_t)h * ot + so[r]) * D, rows[r] * D * 2);
+        free(y->stage);
+        y->stage = pre;
+        y->cs = k.cs, y->ck = k.ck, y->cv = k.cv;
+    } else if (nt == 0) {
+        free(y->stage);
+        y->stage = NULL;
+        y->cs = y->ck = y->cv = 0;
+    } else {
+        (void)stage_resize(c, y, &n, k); /* grows never; in place */
+    }
+}
+
+/* The state append -> flush leaves at len tokens (len >= 1): the lifecycle
+ * is a function of the length once a step has been flushed. */
+static lstate st_canonical(const kkv_cache *c, int64_t len) {
+    lstate a = {(int)len, 0, 0};
+    int64_t post = len > c->S ? len - c->S : 0;
+    a.kp = (int)(post / c->G);
+    int64_t out = post > c->R ? post - c->R : 0; /* values out of the window */
+    a.vq = (int)(c->eager ? out : out / c->G * c->G);
+    return a;
+}
+
+/* Bytes of state a in the peak of layer_peak(): staging + slots beyond base. */
+static uint64_t st_bytes(const kkv_cache *c, lstate a, int base) {
+    int ns = slots_st(c, a) - base;
+    return caps_bytes(c, caps_of(c, a)) + (uint64_t)(ns > 0 ? ns : 0) * c->slot_bytes;
 }
 
 /* Peak pool bytes (staging + pages taken from now on) of layer y over n more
- * tokens of append -> flush, counting from its current state. */
+ * tokens of append -> flush, counting from its current state. Past the first
+ * S + R + 3G steps the staging repeats with period G while slots only grow, so
+ * the rest of the peak is within the last G + 1 steps: O(S + R + G) per call. */
 static uint64_t layer_peak(const kkv_cache *c, const kkv_lseq *y, int64_t n) {
     lstate a = lstate_of(y);
     int base = y->n_slots;
     uint64_t peak = caps_bytes(c, caps_of(c, a));
-    for (int64_t i = 0; i < n; i++) {
+    int64_t warm = (int64_t)c->S + c->R + 3 * (int64_t)c->G;
+    int64_t first = n < warm ? n : warm;
+    for (int64_t i = 0; i < first; i++) {
         for (int step = 0; step < 2; step++) {
             a = step ? st_flush(c, a) : st_append(c, a);
-            int ns = slots_st(c, a) - base;
-            uint64_t b = caps_bytes(c, caps_of(c, a)) + (uint64_t)(ns > 0 ? ns : 0) * c->slot_bytes;
+            uint64_t b = st_bytes(c, a, base);
             peak = b > peak ? b : peak;
+        }
+    }
+    if (n > first) {
+        int64_t end = (int64_t)y->len + n, from = end - c->G - 1;
+        from = from > (int64_t)y->len + first ? from : (int64_t)y->len + first;
+        for (int64_t len = from; len < end; len++) {
+            lstate b = st_canonical(c, len);
+            b = st_append(c, b);
+            uint64_t x = st_bytes(c, b, base);
+            peak = x > peak ? x : peak;
+            x = st_bytes(c, st_flush(c, b), base);
+            peak = x > peak ? x : peak;
         }
     }
     return peak;
 }
 
 kkv_status kkv_seq_reserve(kkv_cache *c, int seq, int n_tokens) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "reserve: NULL cache");
     kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "reserve: no sequence %d", seq);
+    KKV_TRY(kkv_seq_check_usable(s, seq, "reserve"));
     if (n_tokens < 0) return kkv_fail(KKV_ERR_INVALID_ARG, "reserve: n_tokens %d < 0", n_tokens);
     int64_t longest = 0;
     for (int l = 0; l < c->L; l++) longest = s->ly[l].len > longest ? s->ly[l].len : longest;
     if (c->cfg.max_tokens && longest + n_tokens > c->cfg.max_tokens)
         return kkv_fail(KKV_ERR_CTX_FULL, "sequence %d: %lld + %d tokens exceed max_tokens %d",
                         seq, (long long)longest, n_tokens, c->cfg.max_tokens);
+    if (longest + n_tokens > INT_MAX)
+        return kkv_fail(KKV_ERR_CTX_FULL, "sequence %d: %lld + %d tokens exceed %d", seq,
+                        (long long)longest, n_tokens, INT_MAX);
     /* Layers are independent: the credit must cover the sum of their peaks,
      * which is also the peak when they move in step (the engine's case). */
     uint64_t need = 0, prev = 0;
@@ -520,15 +613,23 @@ static void flush_data(kkv_cache *c, kkv_seq *s, int l) {
 }
 
 kkv_status kkv_flush(kkv_cache *c, int seq, int layer) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "flush: NULL cache");
     kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "flush: no sequence %d", seq);
+    KKV_TRY(kkv_seq_check_usable(s, seq, "flush"));
     if (layer < 0 || layer >= c->L)
         return kkv_fail(KKV_ERR_INVALID_ARG, "flush: layer %d not in 0..%d", layer, c->L - 1);
     lstate cur = lstate_of(&s->ly[layer]), to = st_flush(c, cur);
     if (to.kp == cur.kp && to.vq == cur.vq) return KKV_OK;
-    KKV_TRY(prepare(c, s, layer, to));
+    uint16_t *pre;
+    KKV_TRY(pre_settle(c, s, layer, to, &pre));
+    kkv_status st = prepare(c, s, layer, to);
+    if (st != KKV_OK) {
+        free(pre);
+        return st;
+    }
     flush_data(c, s, layer);
-    settle(c, s, layer);
+    settle(c, s, layer, pre);
     return KKV_OK;
 }
 
@@ -551,8 +652,10 @@ static void eager_push(kkv_cache *c, kkv_seq *s, int l, int h, const uint16_t *v
 }
 
 kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const float *v) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "append: NULL cache");
     kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "append: no sequence %d", seq);
+    KKV_TRY(kkv_seq_check_usable(s, seq, "append"));
     if (layer < 0 || layer >= c->L)
         return kkv_fail(KKV_ERR_INVALID_ARG, "append: layer %d not in 0..%d", layer, c->L - 1);
     if (!k || !v) return kkv_fail(KKV_ERR_INVALID_ARG, "append: NULL key or value");
@@ -560,13 +663,20 @@ kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const fl
     KKV_TRY(check_finite(k, n, "append: key"));
     KKV_TRY(check_finite(v, n, "append: value"));
     kkv_lseq *y = &s->ly[layer];
-    if (c->cfg.max_tokens && y->len >= c->cfg.max_tokens)
+    if ((c->cfg.max_tokens && y->len >= c->cfg.max_tokens) || y->len == INT_MAX)
         return kkv_fail(KKV_ERR_CTX_FULL, "append: sequence %d is at max_tokens %d", seq,
-                        c->cfg.max_tokens);
+                        c->cfg.max_tokens ? c->cfg.max_tokens : INT_MAX);
     /* A Q-buffer left full by a missing kkv_flush() is flushed now, so the
      * state is what append-attend-flush would have left. Pool first: the
      * only failure comes before any change. */
-    KKV_TRY(prepare(c, s, layer, st_append(c, lstate_of(y))));
+    lstate to = st_append(c, lstate_of(y));
+    uint16_t *pre;
+    KKV_TRY(pre_settle(c, s, layer, to, &pre));
+    kkv_status pst = prepare(c, s, layer, to);
+    if (pst != KKV_OK) {
+        free(pre);
+        return pst;
+    }
     flush_data(c, s, layer);
 
     kkv_counts cnt = kkv_counts_of(c, s, layer);
@@ -589,13 +699,15 @@ kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const fl
     }
     if (eager) y->vq++;
     y->len++;
-    settle(c, s, layer);
+    settle(c, s, layer, pre);
     return KKV_OK;
 }
 
 kkv_status kkv_attend(kkv_cache *c, float *out, int seq, int layer, const float *q, int n_q) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "attend: NULL cache");
     kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "attend: no sequence %d", seq);
+    KKV_TRY(kkv_seq_check_usable(s, seq, "attend"));
     if (layer < 0 || layer >= c->L)
         return kkv_fail(KKV_ERR_INVALID_ARG, "attend: layer %d not in 0..%d", layer, c->L - 1);
     if (!out || !q || n_q < c->H || n_q % c->H)
@@ -628,6 +740,7 @@ kkv_status kkv_cache_set_rank(kkv_cache *c, int layer, int head, const uint8_t *
 }
 
 kkv_status kkv_cache_set_kernel(kkv_cache *c, kkv_kernel k) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "set_kernel: NULL cache");
     if (k == KKV_KERNEL_AUTO) k = kkv_kernel_best();
     const kkv_ops *ops = kkv_ops_get(k);
     if (!ops)
@@ -637,4 +750,6 @@ kkv_status kkv_cache_set_kernel(kkv_cache *c, kkv_kernel k) {
     return KKV_OK;
 }
 
-kkv_kernel kkv_cache_get_kernel(const kkv_cache *c) { return c->ops->kind; }
+kkv_kernel kkv_cache_get_kernel(const kkv_cache *c) {
+    return c ? c->ops->kind : KKV_KERNEL_AUTO;
+}

@@ -47,6 +47,7 @@ typedef struct kkv_seq {
      * first. kkv_seq_reserve() raises it; it never falls until free. */
     uint64_t  credit;
     uint64_t  stage_bytes; /* sum over layers of the staging buffers */
+    int       failed;    /* a forward pass failed midway: only kkv_seq_free() is allowed */
 } kkv_seq;
 
 struct kkv_cache {
@@ -170,6 +171,8 @@ static inline int kkv_slots_for(const kkv_cache *c, const kkv_counts *n) {
 }
 /* Looks up a live sequence; NULL if there is none with that id. */
 kkv_seq   *kkv_seq_get(const kkv_cache *c, int seq);
+/* KKV_ERR_INVALID_ARG "what: sequence N ... free it" if s is marked failed. */
+kkv_status kkv_seq_check_usable(const kkv_seq *s, int seq, const char *what);
 
 /* Fused decode attention (attn.c). */
 kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *s, int layer,

@@ -118,6 +118,7 @@ kkv_status kkv_seq_save(const kkv_cache *c, void *buf, size_t cap, size_t *n_out
     if (!c || !n_out) return kkv_fail(KKV_ERR_INVALID_ARG, "seq_save: NULL argument");
     const kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "seq_save: no sequence %d", seq);
+    KKV_TRY(kkv_seq_check_usable(s, seq, "seq_save"));
     KKV_TRY(check_meta(meta));
     wbuf w = {NULL, 0};
     put_seq(&w, c, s, meta);

@@ -20,10 +20,6 @@
 #define CMD "generate"
 #define MAX_COMPARE 16 /* methods in one --compare list */
 
-static const char *const CHAT_TEMPLATE =
-    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-    "Face<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n";
-
 /* Options. Four are for tests and left out of --help:
  *   --prompt-ids LIST  comma-separated token ids instead of -p text
  *   --ids-out FILE     the generated ids, comma-separated (stop token included)
@@ -43,6 +39,7 @@ typedef struct opts {
     const char *compare;    /* --compare LIST as given, or NULL */
     const char *save_state; /* --save-state FILE, or NULL */
     const char *load_state; /* --load-state FILE, or NULL */
+    const char *chat_template; /* --chat-template NAME, or NULL: the model's */
     cli_spec    specs[MAX_COMPARE]; /* [n_methods] --kv (with --alpha) or --compare */
     int         n_methods;  /* 1 without --compare */
     int         n_gen, threads, ctx, chat, have_alpha, have_budget, have_kv;
@@ -103,7 +100,11 @@ static int defs_of(opt_def *d, opts *o) {
         {0, "kv-budget", OPT_FLOAT, 0.001, 1 << 24, &o->budget_mb, &o->have_budget, "MB",
          "KV pool budget per cache (default: exactly what -c tokens need)"},
         {0, "chat", OPT_FLAG, 0, 0, &o->chat, NULL, NULL,
-         "wrap the prompt in the ChatML template of SmolLM2"},
+         "format the prompt as one user message with the model's own chat\n"
+         "template (chatml, llama3, gemma, llama2 or mistral), plus the\n"
+         "assistant's opening"},
+        {0, "chat-template", OPT_STRING, 0, 0, &o->chat_template, &o->chat, "NAME",
+         "use that template family instead (implies --chat)"},
         {0, "save-state", OPT_STRING, 0, 0, &o->save_state, NULL, "FILE",
          "after the run, save the sequence (its quantized cache, the\n"
          "token ids and the next token to feed) to FILE; with -n 0 the\n"
@@ -206,6 +207,10 @@ static int prompt_tokens(const opts *o, const kkv_model *m, int32_t **ids, int *
         *ids = malloc((size_t)cap * sizeof **ids);
         if (!*ids) return fprintf(stderr, "kittykv " CMD ": out of memory\n"), 1;
         const char *p = o->prompt_ids;
+        if (!*p) {
+            fprintf(stderr, "kittykv " CMD ": --prompt-ids is empty (give at least one id)\n");
+            return 2;
+        }
         while (*p) {
             char *end;
             errno = 0;
@@ -226,27 +231,41 @@ static int prompt_tokens(const opts *o, const kkv_model *m, int32_t **ids, int *
     if (path) {
         file_text = cli_read_file(path, &len);
         if (!file_text) {
-            fprintf(stderr, "kittykv " CMD ": cannot read prompt file '%s': %s\n", path,
-                    strerror(errno));
+            fprintf(stderr, "kittykv " CMD ": prompt file %s\n", kkv_last_error());
             return 1;
         }
         text = file_text;
     }
     char *chat = NULL;
     if (o->chat) {
-        size_t cap = len + strlen(CHAT_TEMPLATE) + 1;
-        chat = malloc(cap);
-        if (!chat) {
+        if (memchr(text, 0, len)) {
+            free(file_text);
+            return fprintf(stderr, "kittykv " CMD ": a --chat prompt cannot hold NUL bytes\n"), 1;
+        }
+        char *content = malloc(len + 1); /* text may be a file's bytes: NUL-terminate */
+        if (!content) {
             free(file_text);
             return fprintf(stderr, "kittykv " CMD ": out of memory\n"), 1;
         }
-        /* The prompt itself may hold '%' or NUL-free binary: copy, not printf it. */
-        const char *hole = strstr(CHAT_TEMPLATE, "%s");
-        size_t pre = (size_t)(hole - CHAT_TEMPLATE);
-        memcpy(chat, CHAT_TEMPLATE, pre);
-        memcpy(chat + pre, text, len);
-        strcpy(chat + pre + len, hole + 2);
-        len = strlen(hole + 2) + pre + len;
+        memcpy(content, text, len);
+        content[len] = 0;
+        kkv_chat_msg msg = {"user", content};
+        size_t need = 0;
+        kkv_status cs = kkv_chat_format(m, NULL, 0, &need, &msg, 1, 1, o->chat_template);
+        /* *len is set only when the text was made: then the first call failed for room alone */
+        if (cs == KKV_ERR_INVALID_ARG && need > 0) {
+            chat = malloc(need + 1);
+            if (chat) cs = kkv_chat_format(m, chat, need + 1, &need, &msg, 1, 1, o->chat_template);
+        }
+        free(content);
+        if (cs != KKV_OK) {
+            fprintf(stderr, "kittykv " CMD ": --chat: %s\n",
+                    need > 0 && !chat ? "out of memory" : kkv_last_error());
+            free(chat);
+            free(file_text);
+            return 1;
+        }
+        len = need;
         text = chat;
     }
     /* a continuation of a loaded state gets no BOS */
