@@ -303,3 +303,20 @@ def test_one_cache_from_two_threads_is_serialized():
             ref.extend(s, 0, data[i], data[i])
             assert np.array_equal(ref.read(s, 0, 0)[0], c.read(seqs[i], 0, 0)[0])
     c.close()
+
+
+@needs_state
+def test_saved_model_sequence_continues_exactly(model, tmp_path):
+    prompt = model.tokenize("The keeper of the lighthouse wrote in his log every night " * 4)
+    with model.cache("kitty:group=16:sink=4:window=8", 256) as a, \
+            model.cache("kitty:group=16:sink=4:window=8", 256) as b:
+        s = a.add_sequence()
+        model.forward(a, s, prompt)
+        path = tmp_path / "state.kkv"
+        a.save(s, path, tokens=prompt, model=model)
+        t, toks = b.load(path, model=model)
+        assert np.array_equal(toks, prompt)
+        nxt = [int(prompt[-1])]
+        assert np.array_equal(model.forward(a, s, nxt), model.forward(b, t, nxt))
+        with pytest.raises(kittykv.FormatError):  # the state records the model
+            b.load(path)
