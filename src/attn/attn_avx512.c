@@ -42,7 +42,7 @@ static void qk_blk16(float *s, size_t ld, int ntok, const float *qs, int ldq, in
         _mm512_mask_storeu_ps(s + (size_t)r * ld, keep, _mm512_add_ps(acc[r], _mm512_set1_ps(cst[r])));
 }
 
-static void qk_page(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
+void kkv_avx512_qk_page_f32(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
                     int nb) {
     kkv_key_layout L = kkv_key_layout_of(D, G, nb);
     const uint8_t *idx = page + L.idx;
@@ -73,9 +73,9 @@ static void qk_page(float *s, const float *q, int n_rep, const uint8_t *page, in
 const kkv_ops kkv_ops_avx512 = {
     .kind = KKV_KERNEL_AVX512,
     .qk_f16 = kkv_avx2_qk_f16,
-    .qk_page = qk_page,
+    .qk_page = kkv_avx2i_qk_page,
     .pv_f16 = kkv_avx2_pv_f16,
-    .pv_page = kkv_avx2_pv_page,
+    .pv_page = kkv_avx2i_pv_page,
     .key_encode = kkv_avx2_key_encode,
     .value_encode = kkv_avx2_value_encode,
     .softmax = kkv_avx2_softmax,
