@@ -84,6 +84,12 @@ AI void widen_add(int32_t *dst, int off, __m256i a) {
     _mm256_storeu_si256(d1, _mm256_add_epi32(_mm256_loadu_si256(d1), h));
 }
 
+/* The same, storing instead of adding (the first sum into a slot). */
+AI void widen_store(int32_t *dst, int off, __m256i a) {
+    _mm256_storeu_si256((__m256i *)(void *)dst, _mm256_cvtepi16_epi32(_mm256_castsi256_si128(a)));
+    _mm256_storeu_si256((__m256i *)(void *)(dst + off), _mm256_cvtepi16_epi32(_mm256_extracti128_si256(a, 1)));
+}
+
 /* ================================================================ keys */
 
 /* Channel groups of a key page, by key range r_j = scale_j * maxq_j against
@@ -93,11 +99,6 @@ AI void widen_add(int32_t *dst, int off, __m256i a) {
 #define KGROUPS 3
 #define KPAIRS (KKV_MAX_HEAD_DIM / 2 + 2 * KGROUPS)
 
-static int key_group(float range, float rmax) {
-    int g = 0;
-    for (float t = rmax * 0.25f; g < KGROUPS - 1 && range <= t; t *= 0.25f) g++;
-    return g;
-}
 
 /* Pairs of channels of one page, group by group; inside a group plain pairs,
  * then pairs with a high plane (a plain channel there reads the zero row as
@@ -110,34 +111,41 @@ typedef struct kpairs {
     uint8_t        has_hi[KPAIRS];
     uint8_t        grp[KPAIRS];
     uint8_t        flush[KPAIRS]; /* widen int16 sums before this pair */
+    uint8_t        first[KPAIRS]; /* this pair starts its group (its first widening stores) */
+    int            gmask;         /* groups present, bit g */
     uint8_t        cgrp[KKV_MAX_HEAD_DIM + 1]; /* group of each channel (padding: any) */
 } kpairs;
 
-static void kpairs_of(kpairs *P, const uint8_t *page, const kkv_key_layout *L, const float *range,
+static void kpairs_of(kpairs *P, const uint8_t *page, const kkv_key_layout *L, const int32_t *cg,
                       int D, int G, int nb) {
     size_t row = (size_t)G / 4;
     const uint8_t *idx = page + L->idx;
-    float rmax = 0.0f;
-    for (int j = 0; j < D; j++) rmax = range[j] > rmax ? range[j] : rmax;
-    for (int j = 0; j < D; j++) P->cgrp[j] = (uint8_t)key_group(range[j], rmax);
+    for (int j = 0; j < D; j++) P->cgrp[j] = (uint8_t)cg[j];
     P->cgrp[D] = 0;
     P->n = 0;
+    P->gmask = 0;
+    int plain[KGROUPS][KKV_MAX_HEAD_DIM], boost[KGROUPS][KKV_MAX_HEAD_DIM], np[KGROUPS] = {0},
+        nbst[KGROUPS] = {0};
+    for (int j = 0; j < D; j++) {
+        int g = P->cgrp[j];
+        if (idx[j] < nb) boost[g][nbst[g]++] = j;
+        else plain[g][np[g]++] = j;
+    }
     for (int g = 0; g < KGROUPS; g++) {
-        int plain[KKV_MAX_HEAD_DIM], list[KKV_MAX_HEAD_DIM + 2], np = 0, nl = 0;
-        for (int j = 0; j < D; j++)
-            if (P->cgrp[j] == g && !(idx[j] < nb)) plain[np++] = j;
-        for (int i = 0; i + 1 < np; i += 2, P->n++) {
+        if (np[g] + nbst[g] == 0) continue;
+        P->gmask |= 1 << g;
+        int list[KKV_MAX_HEAD_DIM + 2], nl = 0, n0 = P->n;
+        for (int i = 0; i + 1 < np[g]; i += 2, P->n++) {
             for (int e = 0; e < 2; e++) {
-                P->ch[P->n][e] = (int16_t)plain[i + e];
-                P->lo[P->n][e] = page + L->lo + (size_t)plain[i + e] * row;
+                P->ch[P->n][e] = (int16_t)plain[g][i + e];
+                P->lo[P->n][e] = page + L->lo + (size_t)plain[g][i + e] * row;
                 P->hi[P->n][e] = zrow;
             }
             P->has_hi[P->n] = 0;
             P->grp[P->n] = (uint8_t)g;
         }
-        if (np % 2) list[nl++] = plain[np - 1];
-        for (int j = 0; j < D; j++)
-            if (P->cgrp[j] == g && idx[j] < nb) list[nl++] = j;
+        if (np[g] % 2) list[nl++] = plain[g][np[g] - 1];
+        for (int i = 0; i < nbst[g]; i++) list[nl++] = boost[g][i];
         if (nl % 2) list[nl++] = -1;
         for (int i = 0; i < nl; i += 2, P->n++) {
             for (int e = 0; e < 2; e++) {
@@ -149,6 +157,7 @@ static void kpairs_of(kpairs *P, const uint8_t *page, const kkv_key_layout *L, c
             P->has_hi[P->n] = 1;
             P->grp[P->n] = (uint8_t)g;
         }
+        for (int p = n0; p < P->n; p++) P->first[p] = p == n0;
     }
     /* |int16 sum| <= 127 * sum of the pairs' largest codes: widen before
      * 32767, and at every group change */
@@ -181,14 +190,23 @@ AI void qk_int_plane(int32_t *a32, const int16_t *w, int ldw, const kpairs *P, s
                      int nbytes, int k, int RB) {
     __m256i acc[RBI][2];
     for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    int first = 1; /* the current group has not been widened yet */
     for (int p = 0; p < P->n; p++) {
-        if (P->flush[p])
+        if (P->flush[p]) {
+            int st = first; /* the group's first widening stores, later ones add */
+            first = P->first[p];
             for (int r = 0; r < RB; r++) {
                 int32_t *d = a32 + (((size_t)r * KGROUPS + P->grp[p - 1]) * 4 + (size_t)k) * 32;
-                widen_add(d, 16, acc[r][0]);
-                widen_add(d + 8, 16, acc[r][1]);
+                if (st) {
+                    widen_store(d, 16, acc[r][0]);
+                    widen_store(d + 8, 16, acc[r][1]);
+                } else {
+                    widen_add(d, 16, acc[r][0]);
+                    widen_add(d + 8, 16, acc[r][1]);
+                }
                 acc[r][0] = acc[r][1] = _mm256_setzero_si256();
             }
+        }
         __m256i x0, x1;
         if (!P->has_hi[p]) {
             x0 = kcodes(ld256_part(P->lo[p][0] + off, nbytes), k);
@@ -208,14 +226,19 @@ AI void qk_int_plane(int32_t *a32, const int16_t *w, int ldw, const kpairs *P, s
     if (P->n == 0) return;
     for (int r = 0; r < RB; r++) {
         int32_t *d = a32 + (((size_t)r * KGROUPS + P->grp[P->n - 1]) * 4 + (size_t)k) * 32;
-        widen_add(d, 16, acc[r][0]);
-        widen_add(d + 8, 16, acc[r][1]);
+        if (first) {
+            widen_store(d, 16, acc[r][0]);
+            widen_store(d + 8, 16, acc[r][1]);
+        } else {
+            widen_add(d, 16, acc[r][0]);
+            widen_add(d + 8, 16, acc[r][1]);
+        }
     }
 }
 
 /* s[t] = sum_g d[g] * a32[g] + cst for the ntok (<= 128) tokens of a chunk.
  * a32: [KGROUPS][4][32] as [group][k][i] for token 4i + k; d: [KGROUPS]. */
-AI void qk_int_store(float *s, const int32_t *a32, const float *d, float cst, int ntok) {
+AI void qk_int_store(float *s, const int32_t *a32, const float *d, float cst, int gmask, int ntok) {
     __m256 vc = _mm256_set1_ps(cst);
     float tmp[128];
     float *o = ntok == 128 ? s : tmp;
@@ -224,7 +247,7 @@ AI void qk_int_store(float *s, const int32_t *a32, const float *d, float cst, in
         for (int k = 0; k < 4; k++) {
             v[k] = vc;
             for (int g = 0; g < KGROUPS; g++)
-                v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(const void *)(a32 + (g * 4 + k) * 32 + ib * 8))),
+                if (gmask >> g & 1) v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(const void *)(a32 + (g * 4 + k) * 32 + ib * 8))),
                                        _mm256_set1_ps(d[g]), v[k]);
         }
         __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
@@ -245,11 +268,10 @@ AI void qk_int_rb(float *s, const int16_t *w, int ldw, const float *d, const flo
     int rowb = G / 4;
     for (int c = 0; c < rowb; c += 32) {
         int nbytes = rowb - c < 32 ? rowb - c : 32;
-        int32_t a32[RBI * KGROUPS * 4 * 32]; /* [RB][group][k][i] */
-        memset(a32, 0, sizeof a32);
+        int32_t a32[RBI * KGROUPS * 4 * 32]; /* [RB][group][k][i], groups of P->gmask written */
         for (int k = 0; k < 4; k++) qk_int_plane(a32, w, ldw, P, (size_t)c, nbytes, k, RB);
         for (int r = 0; r < RB; r++)
-            qk_int_store(s + (size_t)r * G + 4 * c, a32 + (size_t)r * KGROUPS * 128, d + r * KGROUPS, cst[r], 4 * nbytes);
+            qk_int_store(s + (size_t)r * G + 4 * c, a32 + (size_t)r * KGROUPS * 128, d + r * KGROUPS, cst[r], P->gmask, 4 * nbytes);
     }
 }
 
@@ -276,38 +298,50 @@ AI float hmax(__m256 a) {
  * maxq_j) / 2 (the centring). qi: [D] int32; mq: [D] maxq_j; d: [KGROUPS].
  * Returns 0 when some f_j is not finite. */
 static int fold_query(int32_t *qi, float *d, float *cst, const float *q, const float *scale,
-                      const float *mn, const float *mq, const uint8_t *cgrp, int D) {
-    float f[KKV_MAX_HEAD_DIM], fa[KKV_MAX_HEAD_DIM];
-    float gi[KKV_MAX_HEAD_DIM], gd[KKV_MAX_HEAD_DIM]; /* [D] 1/d_g, d_g of each channel */
+                      const float *mn, const float *mq, const int32_t *cg32, int gmask, int D) {
+    float f[KKV_MAX_HEAD_DIM + 8], fa[KKV_MAX_HEAD_DIM + 8]; /* padded: whole-vector stores (masked stores are slow on AMD) */
+    float gi[KKV_MAX_HEAD_DIM + 8], gd[KKV_MAX_HEAD_DIM + 8]; /* [D] 1/d_g, d_g of each channel */
     const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 c = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
     for (int j = 0; j < D; j += 8) {
         __m256i m = lanes(D - j < 8 ? 4 : 8);
         __m256 qv = _mm256_maskload_ps(q + j, m);
         __m256 fv = _mm256_mul_ps(qv, _mm256_maskload_ps(scale + j, m));
-        _mm256_maskstore_ps(f + j, m, fv);
-        _mm256_maskstore_ps(fa + j, m, _mm256_and_ps(fv, absm));
+        _mm256_storeu_ps(f + j, fv);
+        _mm256_storeu_ps(fa + j, _mm256_and_ps(fv, absm));
         c = _mm256_fmadd_ps(qv, _mm256_maskload_ps(mn + j, m), c);
         bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(fv, fv), _mm256_setzero_ps(), _CMP_NEQ_UQ));
     }
     if (_mm256_movemask_ps(bad)) return 0; /* inf or NaN */
     float gm[KGROUPS] = {0};
-    for (int j = 0; j < D; j++) gm[cgrp[j]] = fa[j] > gm[cgrp[j]] ? fa[j] : gm[cgrp[j]];
+    for (int g = 0; g < KGROUPS; g++) {
+        if (!(gmask >> g & 1)) continue;
+        __m256 mx = _mm256_setzero_ps();
+        for (int j = 0; j < D; j += 8) {
+            __m256i m = lanes(D - j < 8 ? 4 : 8);
+            __m256i in = _mm256_cmpeq_epi32(_mm256_maskload_epi32(cg32 + j, m), _mm256_set1_epi32(g));
+            mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_maskload_ps(fa + j, m), _mm256_castsi256_ps(_mm256_and_si256(in, m))));
+        }
+        gm[g] = hmax(mx);
+    }
     float ginv[KGROUPS];
     for (int g = 0; g < KGROUPS; g++) {
         d[g] = gm[g] / 127.0f;
         ginv[g] = gm[g] > 0.0f ? 127.0f / gm[g] : 0.0f;
     }
-    for (int j = 0; j < D; j++) {
-        gi[j] = ginv[cgrp[j]];
-        gd[j] = d[cgrp[j]];
+    __m256 tinv = _mm256_setr_ps(ginv[0], ginv[1], ginv[2], 0, 0, 0, 0, 0);
+    __m256 td = _mm256_setr_ps(d[0], d[1], d[2], 0, 0, 0, 0, 0);
+    for (int j = 0; j < D; j += 8) {
+        __m256i gv = _mm256_loadu_si256((const __m256i *)(const void *)(cg32 + j));
+        _mm256_storeu_ps(gi + j, _mm256_permutevar8x32_ps(tinv, gv));
+        _mm256_storeu_ps(gd + j, _mm256_permutevar8x32_ps(td, gv));
     }
     __m256 corr = _mm256_setzero_ps();
     for (int j = 0; j < D; j += 8) {
         __m256i m = lanes(D - j < 8 ? 4 : 8);
         __m256 fv = _mm256_maskload_ps(f + j, m);
         __m256i x = _mm256_cvtps_epi32(_mm256_mul_ps(fv, _mm256_maskload_ps(gi + j, m))); /* |x| <= 127 */
-        _mm256_maskstore_epi32(qi + j, m, x);
+        _mm256_storeu_si256((__m256i *)(void *)(qi + j), x);
         __m256 err = _mm256_fnmadd_ps(_mm256_maskload_ps(gd + j, m), _mm256_cvtepi32_ps(x), fv);
         corr = _mm256_fmadd_ps(err, _mm256_maskload_ps(mq + j, m), corr);
     }
@@ -322,20 +356,40 @@ void kkv_avx2i_qk_page(float *s, const float *q, int n_rep, const uint8_t *page,
     float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
     f16_row(scale, page + L.scale, D);
     f16_row(mn, page + L.mn, D);
-    float mq[KKV_MAX_HEAD_DIM], range[KKV_MAX_HEAD_DIM]; /* [D] largest code, key range */
-    for (int j = 0; j < D; j++) {
-        mq[j] = idx[j] < nb ? 15.0f : 3.0f;
-        range[j] = scale[j] * mq[j];
+    /* [D] largest code, channel group (as int32 for vector use) */
+    float mq[KKV_MAX_HEAD_DIM + 8], range[KKV_MAX_HEAD_DIM + 8];
+    int32_t cg32[KKV_MAX_HEAD_DIM + 8];
+    __m256 rm = _mm256_setzero_ps();
+    for (int j = 0; j < D; j += 8) {
+        __m256i m = lanes(D - j < 8 ? 4 : 8);
+        uint64_t ib = 0;
+        memcpy(&ib, idx + j, D - j < 8 ? 4 : 8);
+        __m256i iv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)ib));
+        __m256 boosted = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nb), iv));
+        __m256 mv = _mm256_blendv_ps(_mm256_set1_ps(3.0f), _mm256_set1_ps(15.0f), boosted);
+        __m256 rv = _mm256_and_ps(_mm256_mul_ps(_mm256_loadu_ps(scale + j), mv), _mm256_castsi256_ps(m));
+        _mm256_storeu_ps(mq + j, mv);
+        _mm256_storeu_ps(range + j, rv);
+        rm = _mm256_max_ps(rm, rv);
+    }
+    float rmax = hmax(rm);
+    /* group: 0 within 4x of the largest range, 1 within 16x, 2 the rest */
+    __m256 t1 = _mm256_set1_ps(rmax * 0.25f), t2 = _mm256_set1_ps(rmax * 0.0625f);
+    for (int j = 0; j < D; j += 8) {
+        __m256 rv = _mm256_loadu_ps(range + j);
+        __m256i g1 = _mm256_castps_si256(_mm256_cmp_ps(rv, t1, _CMP_LE_OQ));
+        __m256i g2 = _mm256_castps_si256(_mm256_cmp_ps(rv, t2, _CMP_LE_OQ));
+        _mm256_storeu_si256((__m256i *)(void *)(cg32 + j), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_add_epi32(g1, g2)));
     }
     kpairs P;
-    kpairs_of(&P, page, &L, range, D, G, nb);
+    kpairs_of(&P, page, &L, cg32, D, G, nb);
     for (int r0 = 0; r0 < n_rep; r0 += RBI) {
         int rb = n_rep - r0 < RBI ? n_rep - r0 : RBI;
         int16_t w[RBI][KPAIRS]; /* [RB][pair] (qi_a, qi_b) bytes */
         float d[RBI * KGROUPS], cst[RBI];
         for (int r = 0; r < rb; r++) {
-            int32_t qi[KKV_MAX_HEAD_DIM + 1];
-            if (!fold_query(qi, d + r * KGROUPS, &cst[r], q + (size_t)(r0 + r) * D, scale, mn, mq, P.cgrp, D)) {
+            int32_t qi[KKV_MAX_HEAD_DIM + 8];
+            if (!fold_query(qi, d + r * KGROUPS, &cst[r], q + (size_t)(r0 + r) * D, scale, mn, mq, cg32, P.gmask, D)) {
                 kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
                 return;
             }
@@ -462,14 +516,14 @@ AI void pv_int_rb(float *ap, int ldA, const uint8_t *wv, size_t ldwv, const floa
  * centring). wv: [n/4][32] weight vectors for pv_int_plane. */
 static void fold_probs(uint8_t *wv, float *e, float *mt, const float *p, const float *sc,
                        const float *mn, int n, int bits) {
-    float w[VBLK];
+    float w[VBLK + 8];
     uint8_t wq[VBLK];
     __m256 m = _mm256_setzero_ps(), amax = _mm256_setzero_ps();
     for (int t = 0; t < n; t += 8) {
         __m256i k = lanes(n - t < 8 ? 4 : 8);
         __m256 pv = _mm256_maskload_ps(p + t, k);
         __m256 wv8 = _mm256_mul_ps(pv, _mm256_maskload_ps(sc + t, k));
-        _mm256_maskstore_ps(w + t, k, wv8);
+        _mm256_storeu_ps(w + t, wv8);
         m = _mm256_fmadd_ps(pv, _mm256_maskload_ps(mn + t, k), m);
         amax = _mm256_max_ps(amax, wv8);
     }
@@ -549,11 +603,11 @@ void kkv_avx2i_pv_page(float *acc, const float *p, int n_rep, const uint8_t *pag
         for (int r = 0; r < rb; r++) {
             float *ar = acc + (size_t)(r0 + r) * D;
             __m256 vm = _mm256_set1_ps(mt[r]);
-            for (int j = 0; j < D; j += 8) {
-                __m256i k = lanes(D - j < 8 ? 4 : 8);
-                __m256 x = _mm256_add_ps(_mm256_maskload_ps(ar + j, k), _mm256_add_ps(_mm256_loadu_ps(ap[r] + j), vm));
-                _mm256_maskstore_ps(ar + j, k, x);
-            }
+            int j = 0;
+            for (; j + 8 <= D; j += 8)
+                _mm256_storeu_ps(ar + j, _mm256_add_ps(_mm256_loadu_ps(ar + j), _mm256_add_ps(_mm256_loadu_ps(ap[r] + j), vm)));
+            if (j < D) /* 4 left */
+                _mm_storeu_ps(ar + j, _mm_add_ps(_mm_loadu_ps(ar + j), _mm_add_ps(_mm_loadu_ps(ap[r] + j), _mm256_castps256_ps128(vm))));
         }
     }
 }
