@@ -1,4 +1,6 @@
-/* AVX2 + FMA + F16C kernels. Attention works in the code domain of spec
+/* AVX2 + FMA + F16C kernels. (The table's qk_page / pv_page are the integer
+ * ones of attn_int_avx2.c; the float page kernels here are their fallback
+ * for inputs the integer path cannot represent.) Attention works in the code domain of spec
  * section 7: per key page the channel scales fold into the query and the
  * per-channel minimums into one constant per query head; per value page the
  * token scales fold into the probabilities and the minimums into one constant
