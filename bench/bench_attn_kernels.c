@@ -8,19 +8,16 @@
  *
  *     bench_attn_kernels [max_context [avx2]]   (default 32768; "avx2": skip scalar)
  *
- * It reaches into the cache (src/cache/cache.h) only to swap the thread pool,
- * so one filled cache serves both thread counts. */
+ * Public API only: one filled cache serves both thread counts by borrowing a
+ * shared thread pool (kkv_cache_set_threadpool). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "attn/attn.h"
-#include "cache/cache.h"
-#include "core/fp16.h"
-#include "core/threads.h"
 #include "kittykv.h"
+#include "kittykv_cpu.h"
 
 #define L_LAYERS 30
 #define H_KV 3
@@ -116,24 +113,33 @@ static double time_attend(kkv_cache *c, int seq, const float *q, float *out, dou
     return best;
 }
 
-/* Seconds to flush one key page and one value page of one head. */
-static double time_flush(const kkv_ops *ops, const kkv_method *m) {
-    int G = m->group, nb = kkv_method_boost(m, HEAD_D);
-    size_t n = (size_t)G * HEAD_D;
-    uint16_t *x = malloc(n * 2);
-    float *tmp = malloc(n * 4);
-    uint8_t *kp = malloc(kkv_key_page_bytes(HEAD_D, G, nb) + 1);
-    uint8_t *vp = malloc(kkv_value_page_bytes(HEAD_D, G, m->value_bits) + 1);
-    for (size_t i = 0; i < n; i++) x[i] = kkv_f16_store(frand() * ((i % HEAD_D) % 17 == 3 ? 8.0f : 1.0f));
-    int reps = 200;
-    double t0 = now();
-    for (int r = 0; r < reps; r++) {
-        ops->key_encode(kp, tmp, x, HEAD_D, G, nb, m->select, 1, (uint64_t)r, NULL);
-        ops->value_encode(vp, tmp, x, HEAD_D, G, m->value_bits);
+/* Seconds to flush one key page and one value page of one head with kernel
+ * k: the flush calls of a run of appends, over the pages they wrote. */
+static double time_flush(kkv_kernel k, const kkv_method *m) {
+    kkv_cache_config cfg = {.n_layers = 1, .n_kv_heads = 1, .head_dim = HEAD_D,
+                            .pool_bytes = (size_t)64 << 20, .method = *m};
+    kkv_cache *c;
+    int seq;
+    if (kkv_cache_create(&c, &cfg) != KKV_OK) return 0.0;
+    if (kkv_cache_set_kernel(c, k) != KKV_OK || kkv_seq_add(c, &seq) != KKV_OK) {
+        kkv_cache_free(c);
+        return 0.0;
     }
-    double dt = (now() - t0) / reps;
-    free(x), free(tmp), free(kp), free(vp);
-    return dt;
+    float kv[2][HEAD_D];
+    int n = m->sink + m->window + 64 * m->group, pages = 64;
+    double spent = 0.0;
+    for (int t = 0; t < n; t++) {
+        for (int j = 0; j < HEAD_D; j++) {
+            kv[0][j] = frand() * (j % 17 == 3 ? 8.0f : 1.0f);
+            kv[1][j] = frand();
+        }
+        if (kkv_append(c, seq, 0, kv[0], kv[1]) != KKV_OK) break;
+        double t0 = now();
+        kkv_flush(c, seq, 0);
+        spent += now() - t0;
+    }
+    kkv_cache_free(c);
+    return spent / pages;
 }
 
 int main(int argc, char **argv) {
@@ -141,7 +147,7 @@ int main(int argc, char **argv) {
     static const char *methods[] = {"fp16", "kivi-k2v2", "kitty", "kitty-pro"};
     static const int ctxs[] = {1024, 4096, 16384, 32768};
     enum { NM = 4, NC = 4 };
-    int have_avx2 = kkv_ops_get(KKV_KERNEL_AVX2) != NULL;
+    int have_avx2 = kkv_kernel_best() >= KKV_KERNEL_AVX2;
     int only_avx2 = have_avx2 && argc > 2 && strcmp(argv[2], "avx2") == 0;
     double bw1 = read_bandwidth(1), bw2 = read_bandwidth(2);
     printf("# read bandwidth (STREAM-like sum over 1 GiB): 1 thread %.1f GB/s, 2 threads %.1f GB/s\n",
@@ -152,8 +158,8 @@ int main(int argc, char **argv) {
     /* [method][ctx][kernel][threads] seconds */
     double T[NM][NC][2][2];
     memset(T, 0, sizeof T);
-    kkv_tp *tp2 = NULL;
-    if (kkv_tp_create(&tp2, 2) != KKV_OK) return 1;
+    kkv_threadpool *tp2 = NULL;
+    if (kkv_threadpool_create(&tp2, 2) != KKV_OK) return 1;
     float q[N_Q * HEAD_D], out[N_Q * HEAD_D], k[H_KV * HEAD_D], v[H_KV * HEAD_D];
     for (int i = 0; i < N_Q * HEAD_D; i++) q[i] = frand();
 
@@ -192,10 +198,10 @@ int main(int argc, char **argv) {
                 if ((ki == 1 && !have_avx2) || (ki == 0 && only_avx2)) continue;
                 kkv_cache_set_kernel(c, ki ? KKV_KERNEL_AVX2 : KKV_KERNEL_SCALAR);
                 for (int th = 0; th < 2; th++) {
-                    c->tp = th ? tp2 : NULL;
+                    kkv_cache_set_threadpool(c, th ? tp2 : NULL);
                     double cpu_t;
                     double t = time_attend(c, seq, q, out, ki ? 0.5 : 0.2, &cpu_t);
-                    c->tp = NULL;
+                    kkv_cache_set_threadpool(c, NULL);
                     T[mi][ci][ki][th] = t;
                     double gbs = mem.total / t / 1e9;
                     printf("%-6d %-10s %-6s %3d %10.3f %10.3f %10.2f %8.2f %6.1f%%\n", ctxs[ci],
@@ -207,7 +213,7 @@ int main(int argc, char **argv) {
         }
         kkv_cache_free(c);
     }
-    kkv_tp_free(tp2);
+    kkv_threadpool_free(tp2);
 
     printf("\n# speedup vs fp16 (same kernel, same threads; ratio of times in this run)\n");
     printf("%-6s %-10s %14s %14s %14s %14s\n", "ctx", "method", "scalar/1thr", "scalar/2thr",
@@ -235,8 +241,7 @@ int main(int argc, char **argv) {
         kkv_method_from_name(&m, methods[mi]);
         for (int ki = 0; ki < 2; ki++) {
             if (ki == 1 && !have_avx2) continue;
-            const kkv_ops *ops = kkv_ops_get(ki ? KKV_KERNEL_AVX2 : KKV_KERNEL_SCALAR);
-            double f = time_flush(ops, &m);
+            double f = time_flush(ki ? KKV_KERNEL_AVX2 : KKV_KERNEL_SCALAR, &m);
             double per_tok = f * L_LAYERS * H_KV / m.group;
             printf("%-10s %-6s flush %7.2f us/page, %7.2f us/token amortised", methods[mi],
                    ki ? "avx2" : "scalar", f * 1e6, per_tok * 1e6);

@@ -1,53 +1,81 @@
 /*
- * kittykv.h -- a 2-bit paged KV cache with channel-wise precision boost (Kitty),
- * the KIVI baselines, fused attention over the quantized pages, and a small
- * inference engine for GGUF Llama-family models.
+ * kittykv.h -- the core library: a 2-bit paged KV cache with channel-wise
+ * precision boost (Kitty), the KIVI baselines, fused decode attention over the
+ * quantized pages, and exact accounting. No model, no tokenizer, no regex
+ * library: link `kittykv` (pkg-config kittykv, CMake kittykv::kittykv).
+ * The GGUF engine is kittykv_model.h, evaluation kittykv_eval.h, kernel choice
+ * and thread pools kittykv_cpu.h. docs/FORMAT.md describes the page format and
+ * the token lifecycle this code follows.
  *
- * Tutorial
+ * Tutorial (a complete program; tests/install/ builds and runs it)
  * --------
- * A cache holds the keys and values of many sequences for every layer and KV head
- * of one model shape, quantized by one method. Pages of G tokens come from a pool
- * whose byte budget is fixed when the cache is created.
+ * A cache holds the keys and values of many sequences for every layer and KV
+ * head of one model shape, quantized by one method. Pages of G tokens come from
+ * a pool whose byte budget is fixed when the cache is created.
  *
- *     kkv_method m;
- *     kkv_method_from_name(&m, "kitty");              // S=32 G=128 R=128 alpha=1/8
- *     kkv_cache_config cfg = {
- *         .n_layers = 1, .n_kv_heads = 1, .head_dim = 64,
- *         .pool_bytes = 64u << 20, .method = m,
- *     };
- *     kkv_cache *c;
- *     if (kkv_cache_create(&c, &cfg) != KKV_OK) puts(kkv_last_error());
- *     int seq;
- *     kkv_seq_add(c, &seq);
- *     for (int t = 0; t < n; t++) {
- *         kkv_append(c, seq, 0, k[t], v[t]);          // post-RoPE key, value (fp32)
- *         kkv_attend(c, out, seq, 0, q[t], n_q);      // fused decode attention
- *         kkv_flush(c, seq, 0);                       // quantize a full page, if any
+ *     #include <stdio.h>
+ *     #include <kittykv.h>
+ *
+ *     int main(void) {
+ *         kkv_method m;                                // "kitty": S=32 G=128 R=128
+ *         if (kkv_method_parse(&m, "kitty:alpha=0.25") != KKV_OK) return 1;
+ *         kkv_cache_config cfg = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 64,
+ *                                 .pool_bytes = 8u << 20, .method = m};
+ *         kkv_cache *c;
+ *         if (kkv_cache_create(&c, &cfg) != KKV_OK) {
+ *             fprintf(stderr, "kittykv: %s\n", kkv_last_error());
+ *             return 1;
+ *         }
+ *         int seq;
+ *         if (kkv_seq_add(c, &seq) != KKV_OK) return 1;
+ *         float k[64], v[64], q[64], out[64];          // one KV head, D = 64
+ *         for (int t = 0; t < 300; t++) {
+ *             for (int j = 0; j < 64; j++) {
+ *                 k[j] = (float)((t * 7 + j * 13) % 17) - 8.0f;  // post-RoPE key
+ *                 v[j] = (float)((t * 5 + j * 3) % 11) - 5.0f;
+ *                 q[j] = (float)(j % 5) - 2.0f;
+ *             }
+ *             if (kkv_append(c, seq, 0, k, v) != KKV_OK ||   // stage the token
+ *                 kkv_attend(c, out, seq, 0, q, 1) != KKV_OK || // fused attention
+ *                 kkv_flush(c, seq, 0) != KKV_OK) {             // full page -> 2-bit
+ *                 fprintf(stderr, "kittykv: %s\n", kkv_last_error());
+ *                 return 1;
+ *             }
+ *         }
+ *         kkv_mem mem;                                 // exact bytes, by component
+ *         kkv_seq_mem(c, &mem, seq);
+ *         printf("%d tokens, %.2f bits/element\n", kkv_seq_len(c, seq, 0),
+ *                mem.bits_per_element);
+ *         kkv_cache_free(c);                           // frees every sequence
+ *         return 0;
  *     }
- *     kkv_mem mem; kkv_seq_mem(c, seq, &mem);         // exact bytes, by component
- *     kkv_seq_free(c, seq);
- *     kkv_cache_free(c);
  *
- * With a model, kkv_model_forward() does all of the above for every layer.
+ * With a model (kittykv_model.h), kkv_model_forward() does all of this for
+ * every layer.
  *
  * Conventions
  * -----------
- * - Every function that can fail returns kkv_status; on failure it changes no
- *   state that the caller can observe, and kkv_last_error() holds a one-line
+ * - Every function that returns kkv_status checks its pointer arguments and
+ *   returns KKV_ERR_INVALID_ARG for NULL handles; on failure it changes no
+ *   state the caller can observe, and kkv_last_error() holds a one-line
  *   message (thread-local, valid until the next failing call on that thread).
+ *   Functions that return something else need valid handles unless their
+ *   comment says otherwise.
  * - The library never prints and never exits.
  * - Output arguments come first. Every create or load function has a free, and
  *   free(NULL) is a no-op.
- * - Buffers are described by shape comments: [rows][cols], row-major, fp32 unless
- *   said otherwise.
+ * - Buffers are described by shape comments: [rows][cols], row-major, fp32
+ *   unless said otherwise. Ownership: the caller owns what it passes in; the
+ *   library keeps no pointer to a caller's buffer after a call returns, unless
+ *   the comment says "borrowed".
  * - Non-finite input (NaN, +-Inf) in keys, values or queries is rejected with
- *   KKV_ERR_NONFINITE and nothing is stored. Finite values beyond the fp16 range
- *   are clamped to +-65504 when they are stored in fp16.
+ *   KKV_ERR_NONFINITE and nothing is stored. Finite values beyond the fp16
+ *   range are clamped to +-65504 when they are stored in fp16.
  * - Determinism: the same inputs give bit-identical outputs whatever the thread
  *   count and however a prompt is split into chunks.
- * - Threads: a cache or model uses its own worker threads inside a call, but one
- *   cache (or model) must not be called from two threads at once. Distinct
- *   caches and models are independent.
+ * - Threads: a cache or model uses worker threads inside a call, but one cache
+ *   (or model) must not be called from two threads at once. Distinct caches
+ *   and models are independent.
  */
 #ifndef KITTYKV_H
 #define KITTYKV_H
@@ -55,14 +83,30 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#ifdef __cplusplus
-extern "C" {
+/* Every public header wraps its declarations in KKV_BEGIN_DECLS/END_DECLS:
+ * C linkage for C++, and default visibility, so that the shared libraries
+ * (built with hidden visibility) export exactly the public declarations. */
+#if defined(__GNUC__) && !defined(KKV_NO_VISIBILITY)
+#define KKV_VISIBILITY_PUSH_ _Pragma("GCC visibility push(default)")
+#define KKV_VISIBILITY_POP_  _Pragma("GCC visibility pop")
+#else
+#define KKV_VISIBILITY_PUSH_
+#define KKV_VISIBILITY_POP_
 #endif
+#ifdef __cplusplus
+#define KKV_BEGIN_DECLS extern "C" { KKV_VISIBILITY_PUSH_
+#define KKV_END_DECLS   KKV_VISIBILITY_POP_ }
+#else
+#define KKV_BEGIN_DECLS KKV_VISIBILITY_PUSH_
+#define KKV_END_DECLS   KKV_VISIBILITY_POP_
+#endif
+
+KKV_BEGIN_DECLS
 
 #define KKV_VERSION_MAJOR 0
 #define KKV_VERSION_MINOR 1
 #define KKV_VERSION_PATCH 0
-/* Version of the on-disk/in-test page format of spec section 5. */
+/* Version of the page format of docs/FORMAT.md section 2. */
 #define KKV_PAGE_FORMAT_VERSION 1
 
 #define KKV_MAX_HEAD_DIM 256
@@ -88,9 +132,17 @@ const char *kkv_status_str(kkv_status s);
 /* The message of the last failure on this thread (never NULL, may be ""). */
 const char *kkv_last_error(void);
 
+/* ---------------------------------------------------------------- random */
+
+/* The library's one pseudo-random generator, splitmix64: advances *state and
+ * returns 64 random bits. Any seed is fine (0 included). */
+uint64_t kkv_rng_next(uint64_t *state);
+/* A uniform double in [0, 1) (53 bits) from the same generator. */
+double   kkv_rng_uniform(uint64_t *state);
+
 /* ---------------------------------------------------------------- methods */
 
-/* How the boosted key channels of a page are chosen (spec section 4). */
+/* How the boosted key channels of a page are chosen (docs/FORMAT.md section 1). */
 typedef enum kkv_select {
     KKV_SELECT_MAGNITUDE = 0, /* top mean |k| over the page (Kitty default)      */
     KKV_SELECT_VARIANCE  = 1, /* top variance over the page (MLX adaptation)     */
@@ -121,6 +173,22 @@ kkv_status kkv_method_from_name(kkv_method *out, const char *name);
 /* The names above, NULL-terminated, in a fixed order (fp16 first). */
 const char *const *kkv_method_names(void);
 
+/* Parses a method spec: a name from kkv_method_names(), optionally followed by
+ * ':key=value' overrides, e.g. "kitty:alpha=0.5:select=random:seed=3".
+ * Keys: alpha=F (0..1), select=magnitude|variance|random|oracle, seed=N,
+ * sink=N, group=N, window=N, vbits=2|4. select=oracle is KKV_SELECT_EXPLICIT
+ * (the caller supplies rankings with kkv_cache_set_rank). A spec that sets
+ * what its method would ignore is rejected: fp16 takes only group (its page
+ * size), select/seed need 0 < alpha < 1, seed needs select=random.
+ * KKV_ERR_NOT_FOUND for an unknown name, KKV_ERR_INVALID_ARG otherwise. */
+kkv_status kkv_method_parse(kkv_method *out, const char *spec);
+
+/* Writes the canonical spec of m into buf [cap] (NUL-terminated): the named
+ * method it equals, or the closest name and the overrides that differ, so
+ * kkv_method_parse(kkv_method_format(m)) == m. *n_out (may be NULL) gets the
+ * length; KKV_ERR_INVALID_ARG if cap is too small. */
+kkv_status kkv_method_format(char *buf, size_t cap, size_t *n_out, const kkv_method *m);
+
 /* Checks a method against a head dimension; KKV_ERR_INVALID_ARG with a message
  * saying which field is wrong. head_dim must be a multiple of 4 in 4..256. */
 kkv_status kkv_method_check(const kkv_method *m, int head_dim);
@@ -130,7 +198,7 @@ kkv_status kkv_method_check(const kkv_method *m, int head_dim);
 int kkv_method_boost(const kkv_method *m, int head_dim);
 
 /* ---------------------------------------------------------------- page format */
-/* The page format of spec section 5, for tools, tests and save/load.
+/* The page format of docs/FORMAT.md section 2, for tools, tests and save/load.
  * Key page, bytes in this order:
  *   lo    [D][G/4]        2-bit codes, low bits, token t at bits 2*(t%4)
  *   hi    [n_boost][G/4]  high 2 bits of boosted channels, row r = rank r
@@ -201,7 +269,7 @@ kkv_status kkv_seq_reserve(kkv_cache *c, int seq, int n_tokens);
 kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const float *v);
 
 /* Quantizes any full key Q-buffer / value Q-buffer of (seq, layer) into pages.
- * Call after kkv_attend() of the step (spec section 6). */
+ * Call after kkv_attend() of the step (docs/FORMAT.md section 3). */
 kkv_status kkv_flush(kkv_cache *c, int seq, int layer);
 
 /* Decode attention of n_q query heads over everything cached for (seq, layer):
@@ -221,27 +289,22 @@ kkv_status kkv_cache_set_rank(kkv_cache *c, int layer, int head, const uint8_t *
 kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int layer,
                         int head);
 
+/* Where the tokens of one layer of a sequence are (docs/FORMAT.md section 3). */
+typedef struct kkv_seq_info {
+    int len;         /* tokens appended to the layer                     */
+    int sink;        /* of which in the fp16 sink                        */
+    int key_pages;   /* key pages written (G tokens each)                */
+    int value_pages; /* value pages written                              */
+    int key_buffer;  /* keys in the fp16 key Q-buffer                    */
+    int value_tail;  /* values in fp16 after the value pages (Q-buffer +
+                        window)                                          */
+} kkv_seq_info;
+
+kkv_status kkv_seq_get_info(const kkv_cache *c, kkv_seq_info *out, int seq, int layer);
+
 /* Copies the key page `page` of (seq, layer, head) in the format above. */
 kkv_status kkv_seq_key_page(const kkv_cache *c, void *dst, size_t dst_bytes, int seq,
                             int layer, int head, int page);
-
-/* ---------------------------------------------------------------- kernels */
-
-typedef enum kkv_kernel {
-    KKV_KERNEL_AUTO   = 0, /* best the CPU supports                 */
-    KKV_KERNEL_SCALAR = 1, /* the reference                         */
-    KKV_KERNEL_AVX2   = 2, /* AVX2 + FMA + F16C                     */
-    KKV_KERNEL_AVX512 = 3, /* AVX-512 F/BW/VL (+VNNI where present) */
-} kkv_kernel;
-
-/* Selects the attention/flush kernels of a cache; KKV_ERR_UNSUPPORTED if this
- * CPU or build lacks them. */
-kkv_status kkv_cache_set_kernel(kkv_cache *c, kkv_kernel k);
-/* The kernel a cache uses now (never AUTO), and its name. */
-kkv_kernel kkv_cache_get_kernel(const kkv_cache *c);
-const char *kkv_kernel_name(kkv_kernel k);
-/* Best kernel this CPU and build support. */
-kkv_kernel kkv_kernel_best(void);
 
 /* ---------------------------------------------------------------- accounting */
 
@@ -267,80 +330,5 @@ kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out);
 /* Bytes the pool still has free. */
 uint64_t   kkv_cache_free_bytes(const kkv_cache *c);
 
-/* ---------------------------------------------------------------- model */
-
-typedef struct kkv_model kkv_model;
-
-typedef struct kkv_model_info {
-    char  arch[32];      /* general.architecture, e.g. "llama"       */
-    char  name[128];     /* general.name, may be ""                  */
-    int   n_layers;
-    int   n_embd;
-    int   n_heads;
-    int   n_kv_heads;
-    int   head_dim;
-    int   n_ff;
-    int   n_vocab;
-    int   n_ctx_train;
-    float rope_theta;
-    float rms_eps;
-    int   bos;           /* token ids, -1 if none */
-    int   eos;
-    int   eot;           /* end of turn (<|im_end|>), -1 if none */
-    uint64_t weight_bytes;
-} kkv_model_info;
-
-/* Loads a GGUF model (mmap). n_threads: threads for matmuls (0: all cores).
- * KKV_ERR_IO (not found/unreadable), KKV_ERR_FORMAT (malformed GGUF),
- * KKV_ERR_UNSUPPORTED (architecture or tensor type). */
-kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads);
-void       kkv_model_free(kkv_model *m);
-void       kkv_model_get_info(const kkv_model *m, kkv_model_info *out);
-/* exact = 1: matmuls dequantize each weight row and take the fp32
- * activations as they are, instead of rounding them to 8-bit blocks (the fast
- * default, as ggml does). Slower; for checking against a full-precision
- * reference, where the rounding's step function makes trajectories drift. */
-kkv_status kkv_model_set_exact_matmul(kkv_model *m, int exact);
-
-/* Observer of the attention inputs, for analysis tools: called for every token
- * and layer of every forward pass, after RoPE and before the token's K/V enter
- * the cache, in layer order and token order within a layer. q: [n_heads][D],
- * k, v: [n_kv_heads][D]; valid only during the call. pos is the token's
- * position in its sequence. */
-typedef void (*kkv_qkv_hook)(void *user, int seq, int layer, int64_t pos, const float *q,
-                             const float *k, const float *v);
-/* Installs (fn) or removes (NULL) the hook. */
-void kkv_model_set_qkv_hook(kkv_model *m, kkv_qkv_hook fn, void *user);
-
-/* A cache config with the model's shape, the method and the budget. */
-kkv_cache_config kkv_model_cache_config(const kkv_model *m, const kkv_method *method,
-                                        size_t pool_bytes);
-
-/* Runs n tokens of one sequence through the model, appending their K/V to
- * every layer of the cache (each token attends to the cache as stored, exactly
- * as n single-token calls would). logits: [n][n_vocab] if all_logits, else
- * [n_vocab] for the last token; may be NULL. Before touching the cache it
- * reserves every page the n tokens need: KKV_ERR_POOL_FULL leaves it as it was. */
-kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
-                             const int32_t *tokens, int n, int all_logits);
-
-/* One decode step for a ragged batch: token tokens[i] is appended to sequence
- * seqs[i] (all distinct). logits: [n][n_vocab]. All or nothing for the pool. */
-kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
-                                  const int *seqs, const int32_t *tokens, int n);
-
-/* Tokenizes UTF-8 text (byte-level BPE from the GGUF vocabulary).
- * add_bos: prepend BOS when the model has one and wants it. special: parse
- * special-token text such as "<|im_start|>" into their ids.
- * tokens: [cap]; *n_out gets the count; KKV_ERR_INVALID_ARG if cap is too small
- * (*n_out then holds the count needed). */
-kkv_status kkv_tokenize(const kkv_model *m, int32_t *tokens, int cap, int *n_out,
-                        const char *text, size_t len, int add_bos, int special);
-/* The raw bytes of one token (not NUL-terminated): buf [cap]; *n_out = length. */
-kkv_status kkv_token_piece(const kkv_model *m, char *buf, size_t cap, size_t *n_out,
-                           int32_t token);
-
-#ifdef __cplusplus
-}
-#endif
+KKV_END_DECLS
 #endif /* KITTYKV_H */

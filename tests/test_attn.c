@@ -5,13 +5,15 @@
  * bit-identical results for any thread count. The fp32-rounding tolerance
  * below is the scalar kernel's: run_case uses it, so this checks the page
  * traversal and merge exactly. The SIMD page kernels work in the integer
- * domain with their own error bound (src/attn/attn.h); that agreement, end
+ * domain with their own error bound (src/kernels/kernels.h); that agreement, end
  * to end too, is tests/test_kernels.c's job. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kittykv.h"
+#include "kittykv_cpu.h"
+#include "kittykv_model.h"
 #include "testutil.h"
 
 #define U32 (1.0 / 16777216.0) /* unit roundoff of fp32, 2^-24 */

@@ -1,5 +1,5 @@
-/* Cache tests: the token lifecycle of spec section 6 for every method, exact
- * byte accounting (spec section 5), chunking/flush/layer-order invariance,
+/* Cache tests: the token lifecycle of docs/FORMAT.md section 3 for every method, exact
+ * byte accounting (docs/FORMAT.md section 2), chunking/flush/layer-order invariance,
  * the page pool (exhaustion, all-or-nothing, reuse), limits, and non-finite
  * input. Expectations come from the spec's counts and the public page codecs;
  * tests/oracle/test_quant.py checks those codecs against numpy. */
@@ -9,6 +9,8 @@
 
 #include "core/fp16.h"
 #include "kittykv.h"
+#include "kittykv_cpu.h"
+#include "kittykv_model.h"
 #include "testutil.h"
 
 /* ---------------------------------------------------------------- helpers */

@@ -31,8 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn/attn.h"
-#include "attn/attn_simd.h"
+#include "kernels/kernels.h"
+#include "kernels/attn_simd.h"
 #include "core/cpu.h"
 #include "core/fp16.h"
 #include "quant/quant.h"

@@ -21,6 +21,8 @@
 #include <unistd.h>
 
 #include "kittykv.h"
+#include "kittykv_cpu.h"
+#include "kittykv_model.h"
 #include "testutil.h"
 
 #ifndef KKV_SOURCE_DIR

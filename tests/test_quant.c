@@ -1,4 +1,4 @@
-/* Unit tests of group quantization and the page codecs (spec sections 3-5),
+/* Unit tests of group quantization and the page codecs (docs/FORMAT.md sections 1-2),
  * method tables and parameter validation, through the public API only
  * (core/fp16.h supplies the fp16 rounding the expectations need). */
 #include <float.h>
@@ -8,6 +8,8 @@
 
 #include "core/fp16.h"
 #include "kittykv.h"
+#include "kittykv_cpu.h"
+#include "kittykv_model.h"
 #include "testutil.h"
 
 #define KEY_G 128
@@ -59,7 +61,7 @@ static void test_methods(void) {
     const char *const *names = kkv_method_names();
     const char *want[] = {"fp16", "kivi-k2v2", "kivi-k2v2s", "kivi-k4v2s", "kivi-k2v4s",
                           "kivi-k4v4", "kitty", "kitty-pro"};
-    /* spec section 2: fp16, sink, value bits, boosted channels of 64 and 128 */
+    /* docs/FORMAT.md section 1: fp16, sink, value bits, boosted channels of 64 and 128 */
     const int tab[8][5] = {
         {1, 0, -1, 0, 0},  {0, 0, 2, 0, 0},  {0, 32, 2, 0, 0}, {0, 32, 2, 64, 128},
         {0, 32, 4, 0, 0}, {0, 0, 4, 64, 128}, {0, 32, 2, 8, 16}, {0, 32, 2, 16, 32},

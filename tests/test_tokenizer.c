@@ -16,7 +16,7 @@
 #include "testutil.h"
 
 /* The CLI's assembler is not in the library; the test compiles it in. */
-#include "../cli/utf8.c"
+#include "kittykv_model.h"
 
 #ifndef KKV_SOURCE_DIR
 #define KKV_SOURCE_DIR "."
@@ -72,16 +72,16 @@ static void test_byte_alphabet(void) {
 
 /* Feeds s in pieces of `step` bytes (0: random sizes); returns the output. */
 static size_t stream_all(char *out, const char *s, size_t n, size_t step, tu_rng *r) {
-    utf8_stream st;
-    utf8_stream_init(&st);
+    kkv_utf8_stream st;
+    kkv_utf8_stream_init(&st);
     size_t w = 0;
     for (size_t i = 0; i < n;) {
         size_t k = step ? step : (size_t)tu_int(r, 6);
         if (k > n - i) k = n - i;
-        w += utf8_stream_feed(&st, out + w, s + i, k);
+        w += kkv_utf8_stream_feed(&st, out + w, s + i, k);
         i += k;
     }
-    return w + utf8_stream_flush(&st, out + w);
+    return w + kkv_utf8_stream_flush(&st, out + w);
 }
 
 static int count_fffd(const char *s, size_t n) {
@@ -92,7 +92,7 @@ static int count_fffd(const char *s, size_t n) {
 
 static int all_valid(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
-        size_t l = utf8_valid_len((const unsigned char *)s + i, n - i);
+        size_t l = kkv_utf8_valid_len((const unsigned char *)s + i, n - i);
         if (!l) return 0;
         i += l;
     }
@@ -103,7 +103,7 @@ static void test_utf8_stream(void) {
     static const char valid[] = "plain ASCII, caf\xC3\xA9, \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E, "
                                 "\xF0\x9F\x98\x80\xF0\x9F\x91\x8D, \xF4\x8F\xBF\xBF end";
     size_t n = sizeof valid - 1;
-    char out[UTF8_STREAM_BOUND(sizeof valid)];
+    char out[KKV_UTF8_STREAM_BOUND(sizeof valid)];
     tu_rng r = tu_rng_make(7);
     for (size_t step = 0; step <= 3; step++) {
         size_t w = stream_all(out, valid, n, step, &r);
@@ -111,14 +111,14 @@ static void test_utf8_stream(void) {
     }
 
     /* Byte by byte: nothing of a multi-byte character comes out early. */
-    utf8_stream st;
-    utf8_stream_init(&st);
+    kkv_utf8_stream st;
+    kkv_utf8_stream_init(&st);
     const char *emoji = "\xF0\x9F\x98\x80";
     for (int i = 0; i < 3; i++)
-        CHECK(utf8_stream_feed(&st, out, emoji + i, 1) == 0, "partial emoji emitted at byte %d", i);
-    CHECK(utf8_stream_feed(&st, out, emoji + 3, 1) == 4 && !memcmp(out, emoji, 4),
+        CHECK(kkv_utf8_stream_feed(&st, out, emoji + i, 1) == 0, "partial emoji emitted at byte %d", i);
+    CHECK(kkv_utf8_stream_feed(&st, out, emoji + 3, 1) == 4 && !memcmp(out, emoji, 4),
           "emoji not emitted whole");
-    CHECK(utf8_stream_flush(&st, out) == 0, "flush of an empty stream wrote bytes");
+    CHECK(kkv_utf8_stream_flush(&st, out) == 0, "flush of an empty stream wrote bytes");
 
     /* Ill-formed input: one U+FFFD per maximal subpart, then valid again. */
     static const struct {
@@ -145,7 +145,7 @@ static void test_utf8_stream(void) {
 
     /* Random bytes: the output is valid UTF-8, within the bound, and the
      * split into pieces does not matter. */
-    char in[64], o1[UTF8_STREAM_BOUND(64)], o2[UTF8_STREAM_BOUND(64)];
+    char in[64], o1[KKV_UTF8_STREAM_BOUND(64)], o2[KKV_UTF8_STREAM_BOUND(64)];
     for (int it = 0; it < 2000 && !tu_failed(); it++) {
         size_t m = (size_t)tu_int(&r, 64);
         for (size_t i = 0; i < m; i++) {
@@ -154,7 +154,7 @@ static void test_utf8_stream(void) {
                                                              : 0xC0 + tu_int(&r, 64));
         }
         size_t w1 = stream_all(o1, in, m, 1, &r), w2 = stream_all(o2, in, m, 0, &r);
-        CHECK(all_valid(o1, w1) && w1 <= UTF8_STREAM_BOUND(m), "invalid output at iteration %d", it);
+        CHECK(all_valid(o1, w1) && w1 <= KKV_UTF8_STREAM_BOUND(m), "invalid output at iteration %d", it);
         CHECK(w1 == w2 && !memcmp(o1, o2, w1), "output depends on the piece sizes (iteration %d)", it);
     }
 }
@@ -568,7 +568,7 @@ static void test_model(const kkv_tok *t) {
             in[i] = (char)(k == 0 ? ' ' : k == 1 ? 0x80 + tu_int(&r, 64) : tu_int(&r, 256));
         }
         for (size_t i = 0; i < m;) {
-            size_t l = utf8_valid_len((const unsigned char *)in + i, m - i), bad = 0;
+            size_t l = kkv_utf8_valid_len((const unsigned char *)in + i, m - i), bad = 0;
             if (l == 0) l = 1;
             for (size_t k = 0; k < l; k++) bad |= lacks_token((uint8_t)in[i + k]);
             if (bad) {
@@ -589,19 +589,19 @@ static void test_model(const kkv_tok *t) {
      * is exactly the text and never holds a partial character. */
     const char *uni = texts[7];
     st = kkv_tok_encode(t, ids, 64, &n, uni, strlen(uni), 0, 0);
-    utf8_stream us;
-    utf8_stream_init(&us);
+    kkv_utf8_stream us;
+    kkv_utf8_stream_init(&us);
     char acc[256];
     size_t an = 0;
     int partial = 0;
     for (int i = 0; st == KKV_OK && i < n; i++) {
         kkv_tok_piece(t, piece, sizeof piece, &pl, ids[i]);
         for (size_t k = 0; k < pl; k++) {
-            an += utf8_stream_feed(&us, acc + an, piece + k, 1);
+            an += kkv_utf8_stream_feed(&us, acc + an, piece + k, 1);
             partial |= !all_valid(acc, an);
         }
     }
-    an += utf8_stream_flush(&us, acc + an);
+    an += kkv_utf8_stream_flush(&us, acc + an);
     CHECK(st == KKV_OK && an == strlen(uni) && !memcmp(acc, uni, an) && !partial,
           "streamed pieces: %zu bytes, partial %d", an, partial);
 

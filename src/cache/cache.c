@@ -1,11 +1,12 @@
-/* Cache lifecycle: create/free, sequences, and the token lifecycle of spec
- * section 6 (append -> attend -> flush). */
+/* Cache lifecycle: create/free, sequences, and the token lifecycle of
+ * docs/FORMAT.md section 3 (append -> attend -> flush). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cache/cache.h"
 #include "core/fp16.h"
+#include "core/rng.h"
 #include "core/status.h"
 #include "quant/quant.h"
 
@@ -61,7 +62,8 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
     kkv_status s = KKV_OK;
     if (!c->chunks || !c->free_slots || !c->seqs || !c->tile)
         s = kkv_fail(KKV_ERR_NOMEM, "cache: out of memory");
-    if (s == KKV_OK) s = kkv_tp_create(&c->tp, cfg->n_threads);
+    if (s == KKV_OK) s = kkv_tp_create(&c->tp_own, cfg->n_threads);
+    c->tp = c->tp_own;
     if (s == KKV_OK) s = kkv_cache_set_kernel(c, KKV_KERNEL_AUTO);
     if (s != KKV_OK) {
         kkv_cache_free(c);
@@ -91,7 +93,7 @@ void kkv_cache_free(kkv_cache *c) {
         size_t n_chunks = ((size_t)c->max_slots + KKV_SLOTS_PER_CHUNK - 1) / KKV_SLOTS_PER_CHUNK;
         for (size_t i = 0; i < n_chunks; i++) free(c->chunks[i]);
     }
-    kkv_tp_free(c->tp);
+    kkv_tp_free(c->tp_own);
     free(c->chunks);
     free(c->free_slots);
     free(c->seqs);
@@ -101,7 +103,13 @@ void kkv_cache_free(kkv_cache *c) {
     free(c);
 }
 
-const kkv_cache_config *kkv_cache_get_config(const kkv_cache *c) { return &c->cfg; }
+const kkv_cache_config *kkv_cache_get_config(const kkv_cache *c) { return c ? &c->cfg : NULL; }
+
+kkv_status kkv_cache_set_threadpool(kkv_cache *c, kkv_threadpool *tp) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "set_threadpool: NULL cache");
+    c->tp = tp ? tp : c->tp_own;
+    return KKV_OK;
+}
 
 kkv_seq *kkv_seq_get(const kkv_cache *c, int seq) {
     if (!c || seq < 0 || seq >= c->cfg.max_seqs || !c->seqs[seq].live) return NULL;

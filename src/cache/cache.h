@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "attn/attn.h"
+#include "kernels/kernels.h"
 #include "core/threads.h"
 #include "kittykv.h"
 
@@ -50,7 +50,8 @@ struct kkv_cache {
     float    *attn_buf;     /* [attn_cap] attention partials, grown on demand */
     size_t    attn_cap;
     const kkv_ops *ops;
-    kkv_tp   *tp;
+    kkv_tp   *tp;           /* attention workers: tp_own, or a borrowed pool */
+    kkv_tp   *tp_own;       /* owned; NULL when n_threads <= 1 */
 };
 
 /* Offsets into a (layer, head) staging block, in fp16 elements. */

@@ -1,4 +1,4 @@
-/* The named methods of spec section 2 and parameter validation. */
+/* The named methods of docs/FORMAT.md section 1 and parameter validation. */
 #include <math.h>
 #include <string.h>
 

@@ -58,3 +58,19 @@ kkv_status kkv_seq_key_page(const kkv_cache *c, void *dst, size_t dst_bytes, int
     memcpy(dst, kkv_kpage_ptr(c, s, page, layer, head), c->kpage);
     return KKV_OK;
 }
+
+kkv_status kkv_seq_get_info(const kkv_cache *c, kkv_seq_info *out, int seq, int layer) {
+    if (!c || !out) return kkv_fail(KKV_ERR_INVALID_ARG, "seq_info: NULL argument");
+    const kkv_seq *s = kkv_seq_get(c, seq);
+    if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "seq_info: no sequence %d", seq);
+    if (layer < 0 || layer >= c->L)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "seq_info: layer %d outside 0..%d", layer, c->L - 1);
+    kkv_counts n = kkv_counts_of(c, s, layer);
+    out->len = n.len;
+    out->sink = n.sink;
+    out->key_pages = n.kp;
+    out->value_pages = n.vp;
+    out->key_buffer = n.ktail;
+    out->value_tail = n.vtail;
+    return KKV_OK;
+}

@@ -2,6 +2,8 @@
 #ifndef KKV_CORE_CPU_H
 #define KKV_CORE_CPU_H
 
+#include "core/export.h"
+
 typedef struct kkv_cpu {
     int avx2;   /* AVX2 + FMA + F16C                  */
     int avx512; /* AVX-512 F + BW + VL + DQ            */
@@ -9,6 +11,6 @@ typedef struct kkv_cpu {
 } kkv_cpu;
 
 /* Features of this CPU that this build can use; computed once. */
-const kkv_cpu *kkv_cpu_get(void);
+KKV_LAYER_API const kkv_cpu *kkv_cpu_get(void);
 
 #endif

@@ -2,6 +2,7 @@
 #ifndef KKV_CORE_STATUS_H
 #define KKV_CORE_STATUS_H
 
+#include "core/export.h"
 #include "kittykv.h"
 
 #if defined(__GNUC__)
@@ -11,7 +12,7 @@
 #endif
 
 /* Records a printf-style message as kkv_last_error() and returns s. */
-kkv_status kkv_fail(kkv_status s, const char *fmt, ...) KKV_PRINTF(2, 3);
+KKV_LAYER_API kkv_status kkv_fail(kkv_status s, const char *fmt, ...) KKV_PRINTF(2, 3);
 
 /* Propagates a failing status unchanged (its message is already set). */
 #define KKV_TRY(expr)                                                          \

@@ -10,7 +10,7 @@
 
 #include "core/status.h"
 
-struct kkv_tp {
+struct kkv_threadpool {
     int             n_workers; /* threads besides the caller */
     pthread_t      *workers;   /* [n_workers] */
     pthread_mutex_t mu;
@@ -53,9 +53,18 @@ static void *worker_main(void *arg) {
 kkv_status kkv_tp_create(kkv_tp **out, int n_threads) {
     *out = NULL;
     if (n_threads <= 1) return KKV_OK;
+    return kkv_threadpool_create(out, n_threads);
+}
+
+kkv_status kkv_threadpool_create(kkv_threadpool **out, int n_threads) {
+    if (!out) return kkv_fail(KKV_ERR_INVALID_ARG, "thread pool: NULL output");
+    *out = NULL;
+    if (n_threads < 1 || n_threads > KKV_MAX_THREADS)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "thread pool: %d threads is outside 1..%d",
+                        n_threads, KKV_MAX_THREADS);
     kkv_tp *tp = calloc(1, sizeof *tp);
     if (!tp) return kkv_fail(KKV_ERR_NOMEM, "thread pool: out of memory");
-    tp->workers = calloc((size_t)n_threads - 1, sizeof *tp->workers);
+    tp->workers = calloc((size_t)n_threads, sizeof *tp->workers); /* [n_threads - 1] used */
     if (!tp->workers) {
         free(tp);
         return kkv_fail(KKV_ERR_NOMEM, "thread pool: out of memory");
@@ -106,6 +115,12 @@ void kkv_tp_run(kkv_tp *tp, int n_tasks, kkv_task_fn fn, void *ctx) {
     pthread_mutex_lock(&tp->mu);
     while (tp->busy > 0) pthread_cond_wait(&tp->done, &tp->mu);
     pthread_mutex_unlock(&tp->mu);
+}
+
+void kkv_threadpool_free(kkv_threadpool *tp) { kkv_tp_free(tp); }
+int  kkv_threadpool_size(const kkv_threadpool *tp) { return kkv_tp_size(tp); }
+void kkv_threadpool_run(kkv_threadpool *tp, int n_tasks, kkv_task_fn fn, void *ctx) {
+    if (fn) kkv_tp_run(tp, n_tasks, fn, ctx);
 }
 
 int kkv_cpu_count(void) {

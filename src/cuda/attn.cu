@@ -11,23 +11,10 @@
 #include <math.h>
 
 #include "kkv_cuda.h"
+#include "quant/layout.h"
 
 #define MAX_REP 8
 #define MAX_D 256
-
-struct key_layout { size_t lo, hi, idx, scale, mn, bytes; };
-
-__device__ static key_layout key_layout_of(int D, int G, int nb) {
-    key_layout l;
-    size_t row = (size_t)G / 4;
-    l.lo = 0;
-    l.hi = (size_t)D * row;
-    l.idx = l.hi + (size_t)nb * row;
-    l.scale = l.idx + (size_t)D;
-    l.mn = l.scale + 2 * (size_t)D;
-    l.bytes = l.mn + 2 * (size_t)D;
-    return l;
-}
 
 __device__ static float ld_half(const uint8_t *p) {
     __half h;
@@ -55,9 +42,10 @@ __global__ static void attend_pages_kernel(float *part_acc, float *part_ml,
                                            int n_split) {
     const int h = blockIdx.x, split = blockIdx.y, t = threadIdx.x;
     const int D = P.head_dim, G = P.group, nb = P.n_boost;
-    const key_layout KL = key_layout_of(D, G, nb);
+    const kkv_key_layout KL = kkv_key_layout_of(D, G, nb);
+    const kkv_value_layout VL = kkv_value_layout_of(D, G, P.value_bits);
     const size_t vrow = (size_t)D * P.value_bits / 8;
-    const size_t vbytes = (size_t)G * vrow + 4 * (size_t)G;
+    const size_t vbytes = VL.bytes;
     const int per_split = (P.n_pages + n_split - 1) / n_split;
     const int p0 = split * per_split;
     const int p1 = min(P.n_pages, p0 + per_split);
@@ -112,8 +100,8 @@ __global__ static void attend_pages_kernel(float *part_acc, float *part_ml,
                 float a = 0.f, pmn = 0.f;
                 for (int u = 0; u < G; u++) {
                     const uint8_t *row = vp + (size_t)u * vrow;
-                    float sc = ld_half(vp + (size_t)G * vrow + 2 * u);
-                    float mn = ld_half(vp + (size_t)G * vrow + 2 * (size_t)G + 2 * u);
+                    float sc = ld_half(vp + VL.scale + 2 * u);
+                    float mn = ld_half(vp + VL.mn + 2 * u);
                     int code = (row[t / per_byte] >> (bits * (t % per_byte))) & maxq;
                     a += prob[r][u] * sc * (float)code;
                     pmn += prob[r][u] * mn;

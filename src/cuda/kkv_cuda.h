@@ -5,7 +5,7 @@
  *   kpages: [n_pages][n_kv][kpage_bytes]   vpages: [n_pages][n_kv][vpage_bytes]
  * It returns partial softmax states (max, sum, unnormalised output) per query
  * head and page split, which merge with the fp16 parts (sink, Q-buffers,
- * window) the same way src/attn/attn.c merges its work units.
+ * window) the same way src/cache/attend.c merges its work units.
  *
  * Status: compiled by CI with nvcc; not yet run on a GPU (no device in CI). */
 #ifndef KKV_CUDA_H

@@ -26,6 +26,8 @@ typedef struct chunk {
 } chunk;
 
 static kkv_status check_cache(const kkv_model *m, const kkv_cache *c) {
+    if (!m->layers)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "forward: the model was loaded vocabulary-only");
     const kkv_cache_config *cfg = kkv_cache_get_config(c);
     if (cfg->n_layers != m->info.n_layers || cfg->n_kv_heads != m->info.n_kv_heads ||
         cfg->head_dim != m->info.head_dim)

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kittykv.h"
+#include "kittykv_model.h"
 
 /* Metadata value types, numbered as in the GGUF format. */
 typedef enum kkv_gguf_type {

@@ -249,7 +249,8 @@ kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads) {
     if (s == KKV_OK) s = load_tensors(m);
     if (s == KKV_OK) s = kkv_tok_from_gguf(&m->tok, m->gguf);
     if (s == KKV_OK) s = alloc_work(m);
-    if (s == KKV_OK) s = kkv_tp_create(&m->tp, n_threads ? n_threads : kkv_cpu_count());
+    if (s == KKV_OK) s = kkv_tp_create(&m->tp_own, n_threads ? n_threads : kkv_cpu_count());
+    m->tp = m->tp_own;
     if (s != KKV_OK) {
         kkv_model_free(m);
         return s;
@@ -258,6 +259,35 @@ kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads) {
     m->info.eos = kkv_tok_eos(m->tok);
     m->info.eot = kkv_tok_eot(m->tok);
     *out = m;
+    return KKV_OK;
+}
+
+kkv_status kkv_model_load_vocab(kkv_model **out, const char *path, const char *pre) {
+    if (!out) return kkv_fail(KKV_ERR_INVALID_ARG, "vocab: out is NULL");
+    *out = NULL;
+    if (!path) return kkv_fail(KKV_ERR_INVALID_ARG, "vocab: path is NULL");
+    kkv_model *m = calloc(1, sizeof *m);
+    if (!m) return kkv_fail(KKV_ERR_NOMEM, "vocab: out of memory");
+    kkv_status s = kkv_gguf_open(&m->gguf, path);
+    if (s == KKV_OK) s = kkv_tok_from_gguf_pre(&m->tok, m->gguf, pre);
+    if (s != KKV_OK) {
+        kkv_model_free(m);
+        return s;
+    }
+    /* The mapping is not needed once the vocabulary is copied. */
+    kkv_gguf_close(m->gguf);
+    m->gguf = NULL;
+    m->info.n_vocab = kkv_tok_n_vocab(m->tok);
+    m->info.bos = kkv_tok_bos(m->tok);
+    m->info.eos = kkv_tok_eos(m->tok);
+    m->info.eot = kkv_tok_eot(m->tok);
+    *out = m;
+    return KKV_OK;
+}
+
+kkv_status kkv_model_set_threadpool(kkv_model *m, kkv_threadpool *tp) {
+    if (!m) return kkv_fail(KKV_ERR_INVALID_ARG, "set_threadpool: NULL model");
+    m->tp = tp ? tp : m->tp_own;
     return KKV_OK;
 }
 
@@ -274,7 +304,7 @@ void kkv_model_free(kkv_model *m) {
     free(m->work_mem);
     free(m->w.pos);
     free(m->inv_freq);
-    kkv_tp_free(m->tp);
+    kkv_tp_free(m->tp_own);
     kkv_tok_free(m->tok);
     kkv_gguf_close(m->gguf);
     free(m);
@@ -326,4 +356,62 @@ kkv_status kkv_token_piece(const kkv_model *m, char *buf, size_t cap, size_t *n_
                            int32_t token) {
     if (!m) return kkv_fail(KKV_ERR_INVALID_ARG, "token piece: model is NULL");
     return kkv_tok_piece(m->tok, buf, cap, n_out, token);
+}
+
+kkv_status kkv_tokenize_alloc(const kkv_model *m, int32_t **tokens, int *n_out,
+                              const char *text, size_t len, int add_bos, int special) {
+    if (!m || !tokens || !n_out || (!text && len))
+        return kkv_fail(KKV_ERR_INVALID_ARG, "tokenize: NULL argument");
+    *tokens = NULL;
+    *n_out = 0;
+    if (len > (size_t)INT32_MAX - 8)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "tokenize: %zu bytes is more than a token count "
+                        "can hold", len);
+    /* Byte-level BPE gives at most one token per byte (plus BOS); one try
+     * almost always fits, and a second with the exact count always does. */
+    int cap = (int)len + 8, got = 0;
+    kkv_status s = KKV_OK;
+    for (int tries = 0; tries < 2; tries++) {
+        int32_t *buf = malloc((size_t)cap * sizeof *buf); /* [cap] */
+        if (!buf) return kkv_fail(KKV_ERR_NOMEM, "tokenize: out of memory");
+        s = kkv_tokenize(m, buf, cap, &got, text ? text : "", len, add_bos, special);
+        if (s == KKV_OK) {
+            *tokens = buf;
+            *n_out = got;
+            return KKV_OK;
+        }
+        free(buf);
+        if (s != KKV_ERR_INVALID_ARG || got <= cap) break;
+        cap = got;
+    }
+    return s;
+}
+
+const char *const *kkv_pretokenizer_names(void) { return kkv_tok_pre_names(); }
+
+kkv_status kkv_detokenize(const kkv_model *m, char *buf, size_t cap, size_t *n_out,
+                          const int32_t *tokens, int n) {
+    if (!m || !n_out || (n > 0 && !tokens) || (cap && !buf) || n < 0)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "detokenize: NULL argument or negative count");
+    kkv_utf8_stream st;
+    kkv_utf8_stream_init(&st);
+    size_t w = 0;
+    char piece[256], tmp[KKV_UTF8_STREAM_BOUND(256)];
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= m->info.n_vocab)
+            return kkv_fail(KKV_ERR_INVALID_ARG, "detokenize: token %d at %d is outside the "
+                            "vocabulary (0..%d)", (int)tokens[i], i, m->info.n_vocab - 1);
+        size_t len;
+        KKV_TRY(kkv_tok_piece(m->tok, piece, sizeof piece, &len, tokens[i]));
+        size_t k = kkv_utf8_stream_feed(&st, tmp, piece, len);
+        if (w + k <= cap) memcpy(buf + w, tmp, k);
+        w += k;
+    }
+    size_t k = kkv_utf8_stream_flush(&st, tmp);
+    if (w + k <= cap) memcpy(buf + w, tmp, k);
+    w += k;
+    *n_out = w;
+    if (w > cap)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "detokenize: %zu bytes needed, %zu given", w, cap);
+    return KKV_OK;
 }

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "core/threads.h"
-#include "kittykv.h"
+#include "kittykv_model.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
@@ -50,7 +50,8 @@ typedef struct kkv_model_work {
 struct kkv_model {
     kkv_gguf      *gguf;       /* owns the mapping the weights point into */
     kkv_tok       *tok;
-    kkv_tp        *tp;         /* matmul threads; NULL = caller only */
+    kkv_tp        *tp;         /* matmul threads: tp_own or a borrowed pool; NULL = caller */
+    kkv_tp        *tp_own;     /* owned */
     kkv_wt_impl    matmul_impl; /* AUTO, or F32 for exact activations */
     kkv_qkv_hook   hook;        /* analysis observer, or NULL */
     void          *hook_user;

@@ -43,7 +43,7 @@ void kkv_op_swiglu(float *g, const float *u, int n) {
 }
 
 void kkv_op_softmax(float *x, int n) {
-    float mx = x[kkv_op_argmax(x, n)];
+    float mx = x[kkv_argmax(x, n)];
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
         x[i] = expf(x[i] - mx);
@@ -53,9 +53,3 @@ void kkv_op_softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
-int kkv_op_argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best] || (x[best] != x[best] && x[i] == x[i])) best = i;
-    return best;
-}

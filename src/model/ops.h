@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+#include "kittykv_model.h"
+
 /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]. out, x, w: [n]; out may be x.
  * The sum of squares is accumulated in double, in index order. */
 void kkv_op_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
@@ -32,8 +34,5 @@ void kkv_op_swiglu(float *g, const float *u, int n);
 /* x[i] = exp(x[i] - max) / sum, in place, sum in double. x: [n], n >= 1. */
 void kkv_op_softmax(float *x, int n);
 
-/* Index of the largest x[i], ties to the lowest index; NaN never wins.
- * x: [n], n >= 1. */
-int kkv_op_argmax(const float *x, int n);
 
 #endif

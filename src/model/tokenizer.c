@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "core/status.h"
+#include "kittykv_model.h"
 
 /* ------------------------------------------------------------ byte alphabet */
 
@@ -59,28 +60,9 @@ int kkv_tok_cp_to_byte(uint32_t cp) {
 
 /* ------------------------------------------------------------ UTF-8 */
 
-/* Length (1..4) of the valid UTF-8 sequence at p[0..n), or 0 if there is none
- * (same rules as PCRE2's check: no overlongs, surrogates or > U+10FFFF). */
-static size_t utf8_seq(const uint8_t *p, size_t n) {
-    uint8_t c = p[0];
-    if (c < 0x80) return 1;
-    size_t len;
-    uint8_t lo = 0x80, hi = 0xBF; /* range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else return 0;
-    if (n < len || p[1] < lo || p[1] > hi) return 0;
-    for (size_t i = 2; i < len; i++)
-        if ((p[i] & 0xC0) != 0x80) return 0;
-    return len;
-}
+/* Sequences are validated by kkv_utf8_valid_len (utf8.c): no overlongs,
+ * surrogates or > U+10FFFF, the same rules as PCRE2's check. */
+static size_t utf8_seq(const uint8_t *p, size_t n) { return kkv_utf8_valid_len(p, n); }
 
 /* Decodes one valid sequence of length len. */
 static uint32_t utf8_cp(const uint8_t *p, size_t len) {

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kittykv.h"
+#include "kittykv_model.h"
 #include "model/gguf.h"
 
 typedef struct kkv_tok kkv_tok;

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "core/threads.h"
-#include "kittykv.h"
+#include "kittykv_model.h"
 
 /* ggml type ids this build can compute with. */
 enum {

@@ -1,4 +1,4 @@
-/* Asymmetric min/max group quantization (spec section 3). */
+/* Asymmetric min/max group quantization (docs/FORMAT.md section 1). */
 #include "quant/quant.h"
 
 #include "core/fp16.h"
@@ -11,27 +11,6 @@ kkv_qparams kkv_qparams_of(float mn, float mx, int bits) {
     p.mn = kkv_f16_to_f32(p.mn16);
     p.scale = kkv_f16_to_f32(p.scale16);
     return p;
-}
-
-kkv_key_layout kkv_key_layout_of(int D, int G, int nb) {
-    kkv_key_layout l;
-    size_t row = (size_t)G / 4;
-    l.lo = 0;
-    l.hi = l.lo + (size_t)D * row;
-    l.idx = l.hi + (size_t)nb * row;
-    l.scale = l.idx + (size_t)D;
-    l.mn = l.scale + 2 * (size_t)D;
-    l.bytes = l.mn + 2 * (size_t)D;
-    return l;
-}
-
-kkv_value_layout kkv_value_layout_of(int D, int G, int bits) {
-    kkv_value_layout l;
-    l.codes = 0;
-    l.scale = (size_t)G * (size_t)D * (size_t)bits / 8;
-    l.mn = l.scale + 2 * (size_t)G;
-    l.bytes = l.mn + 2 * (size_t)G;
-    return l;
 }
 
 size_t kkv_key_page_bytes(int head_dim, int group, int n_boost) {

@@ -1,4 +1,4 @@
-/* Scalar reference codecs of the key and value pages (spec section 5). */
+/* Scalar reference codecs of the key and value pages (docs/FORMAT.md section 2). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

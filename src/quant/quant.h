@@ -1,4 +1,4 @@
-/* Group quantization and the page codecs of spec sections 3-5 (scalar
+/* Group quantization and the page codecs of docs/FORMAT.md sections 1-2 (scalar
  * reference). Pages are byte arrays in the public format of kittykv.h; the
  * offsets below locate each part. */
 #ifndef KKV_QUANT_QUANT_H
@@ -8,28 +8,10 @@
 #include <stdint.h>
 
 #include "kittykv.h"
+#include "quant/layout.h"
 
-/* Where the parts of a key page start, in bytes from the page start. */
-typedef struct kkv_key_layout {
-    size_t lo;    /* [D][G/4]  */
-    size_t hi;    /* [nb][G/4] */
-    size_t idx;   /* [D]       */
-    size_t scale; /* [D] fp16  */
-    size_t mn;    /* [D] fp16  */
-    size_t bytes; /* whole page */
-} kkv_key_layout;
 
-typedef struct kkv_value_layout {
-    size_t codes; /* [G][D*bits/8] */
-    size_t scale; /* [G] fp16      */
-    size_t mn;    /* [G] fp16      */
-    size_t bytes;
-} kkv_value_layout;
-
-kkv_key_layout   kkv_key_layout_of(int D, int G, int nb);
-kkv_value_layout kkv_value_layout_of(int D, int G, int bits);
-
-/* Min/max quantization parameters of a group, per spec section 3: the fp16
+/* Min/max quantization parameters of a group, per docs/FORMAT.md section 1: the fp16
  * scale and min, and the fp32 values they widen to. */
 typedef struct kkv_qparams {
     uint16_t scale16, mn16;
@@ -58,8 +40,6 @@ void kkv_rank_channels(uint8_t *order, const float *k, int D, int G, kkv_select 
  * index. Every kernel ranks through this, so their pages agree. */
 void kkv_order_channels(uint8_t *order, const float *score, int D);
 
-/* A 64-bit mix of a few words (splitmix64 finaliser), for seeded selection. */
-uint64_t kkv_mix64(uint64_t a, uint64_t b);
 
 /* Scalar page codecs. k, v: [G][D] fp16-exact floats (already rounded). */
 void kkv_key_encode_ref(uint8_t *page, const float *k, int D, int G, int nb,

@@ -1,16 +1,10 @@
-/* Boost channel selection (spec section 4): rank the D channels of a key page
+/* Boost channel selection (docs/FORMAT.md section 1): rank the D channels of a key page
  * by an importance score; the top n_boost get 4 bits. */
 #include <math.h>
 #include <string.h>
 
+#include "core/rng.h"
 #include "quant/quant.h"
-
-uint64_t kkv_mix64(uint64_t a, uint64_t b) {
-    uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 void kkv_order_channels(uint8_t *order, const float *score, int D) {
     /* D <= 256, so an insertion sort is cheap next to the G*D scoring pass */

@@ -1,5 +1,5 @@
-"""Independent numpy reference of the Kitty KV cache, spec sections 3-6
-(/work/shared/spec/kitty.md), for ONE KV head of one layer of one sequence.
+"""Independent numpy reference of the Kitty KV cache, docs/FORMAT.md sections 1-3
+(docs/FORMAT.md), for ONE KV head of one layer of one sequence.
 
 Written from the spec, not from the C code. The conventions the spec leaves to
 kittykv and that this file fixes (they are the project's binding choices):
@@ -23,7 +23,7 @@ import numpy as np
 
 F16_MAX = np.float32(65504.0)
 METHODS = {
-    # name: (fp16, sink, alpha, value_bits); G = R = 128 for all (spec section 2)
+    # name: (fp16, sink, alpha, value_bits); G = R = 128 for all (docs/FORMAT.md section 1)
     "fp16": (True, 0, 0.0, 2),
     "kivi-k2v2": (False, 0, 0.0, 2),
     "kivi-k2v2s": (False, 32, 0.0, 2),

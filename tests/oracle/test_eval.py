@@ -4,7 +4,7 @@
 Small settings only (the whole file runs in a few minutes on 2 cores). What
 they pin down:
 - fp16 against itself: KL exactly 0, top-1 1.0, for the reference alias
-  "fp16" and for an independent fp16 cache ("fp16:seed=7");
+  "fp16" and for an independent fp16 cache ("fp16:group=128");
 - 4-bit keys and values (kivi-k4v4) stay closer to fp16 than kivi-k2v2;
 - scoring in chunks gives bit-identical results to single-token decode;
 - the JSON shapes; bad specs and options are usage errors (exit 2);
@@ -48,7 +48,7 @@ def last_json(p):
 
 
 def test_eval(cli, model, text):
-    methods = "fp16,fp16:seed=7,kivi-k4v4,kivi-k2v2,kitty"
+    methods = "fp16,fp16:group=128,kivi-k4v4,kivi-k2v2,kitty"
     p = run(cli, ["eval", "-m", model, "-f", text, "--ctx", "512", "--score-from", "160",
                   "--methods", methods, "--chunk", "64", "-t", "2", "--json"])
     if p.returncode:
@@ -65,7 +65,7 @@ def test_eval(cli, model, text):
     for m in j["methods"]:
         for k, t in keys.items():
             check(isinstance(m.get(k), t), f"{m.get('name')}: key {k} missing or mistyped")
-    for name in ("fp16", "fp16:seed=7"):
+    for name in ("fp16", "fp16:group=128"):
         m = by[name]
         check(m["kld_mean"] == 0 and m["kld_p99"] == 0 and m["kld_max"] == 0,
               f"{name}: KL vs fp16 must be exactly 0, got {m['kld_mean']}/{m['kld_max']}")
@@ -102,6 +102,8 @@ def test_chunk_invariance(cli, model, text):
 
 def test_usage_errors(cli, model, text):
     for spec in ("bogus", "kitty:alpha=2", "kitty:select=best", "kitty:nope=1", "kitty,kitty",
+                 "fp16:seed=7", "kitty:", "kivi-k2v2:select=random", "kitty:seed=3",
+                 "kitty:alpha=0.5:alpha=0.25",
                  "kitty:select=oracle"):
         p = run(cli, ["eval", "-m", model, "-f", text, "--ctx", "300", "--methods", spec], 2)
         check("kittykv eval" in p.stderr, f"spec {spec!r}: error names the command")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Drives `kittykv quantize` and compares it with the numpy oracle kitty_ref.py
-(spec sections 3-6): reconstructed keys/values bitwise, key page bytes exactly,
+(docs/FORMAT.md sections 1-3): reconstructed keys/values bitwise, key page bytes exactly,
 --json byte counts exactly, and the CLI's error paths.
 
 Usage: test_quant.py --kittykv PATH/TO/kittykv [--source-dir REPO] [--quick] [-v]

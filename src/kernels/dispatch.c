@@ -1,0 +1,37 @@
+/* Runtime choice of the kernel table by CPU features (kkv_cpu_get(), which
+ * KKV_CPU=scalar|avx2 can cap). */
+#include <stddef.h>
+
+#include "kernels/kernels.h"
+#include "core/cpu.h"
+
+const kkv_ops *kkv_ops_get(kkv_kernel k) {
+    switch (k) {
+    case KKV_KERNEL_SCALAR: return &kkv_ops_scalar;
+    case KKV_KERNEL_AUTO: return kkv_ops_get(kkv_kernel_best());
+#if defined(__x86_64__)
+    case KKV_KERNEL_AVX2: return kkv_cpu_get()->avx2 ? &kkv_ops_avx2 : NULL;
+    case KKV_KERNEL_AVX512: return kkv_cpu_get()->avx512 ? &kkv_ops_avx512 : NULL;
+#endif
+    default: return NULL;
+    }
+}
+
+kkv_kernel kkv_kernel_best(void) {
+#if defined(__x86_64__)
+    const kkv_cpu *cpu = kkv_cpu_get();
+    if (cpu->avx512) return KKV_KERNEL_AVX512;
+    if (cpu->avx2) return KKV_KERNEL_AVX2;
+#endif
+    return KKV_KERNEL_SCALAR;
+}
+
+const char *kkv_kernel_name(kkv_kernel k) {
+    switch (k) {
+    case KKV_KERNEL_AUTO: return "auto";
+    case KKV_KERNEL_SCALAR: return "scalar";
+    case KKV_KERNEL_AVX2: return "avx2";
+    case KKV_KERNEL_AVX512: return "avx512";
+    }
+    return "unknown";
+}

@@ -1,0 +1,66 @@
+/* Kernel table behind kkv_attend() and kkv_flush(): pure functions over page
+ * views (pointers to one page in the format of docs/FORMAT.md section 2) and
+ * fp16 runs; they know nothing of caches or sequences. The online-softmax glue
+ * (src/cache/attend.c) is shared; a kernel variant supplies these primitives. Each variant
+ * is tested against the scalar one (tests/test_kernels.c).
+ *
+ * Numerical contract (tests/test_kernels.c checks each bound):
+ *  - qk_f16, pv_f16, softmax of a SIMD variant agree with the scalar ones to
+ *    float rounding (they may fold scales, use FMA and reorder sums):
+ *    |simd - scalar| <= 1e-5 * sum |terms|;
+ *  - qk_page, pv_page of a SIMD variant work in the integer domain
+ *    (attn_int_avx2.c) and differ from the scalar ones by one quantization
+ *    step of the folded query / probabilities:
+ *      qk_page: |s_t - ref| <= sum_j d_g(j)/2 * |c_tj - maxq_j/2| + rounding,
+ *        d_g = max_{j in group g} |q_j scale_j| / 127, channel groups by key
+ *        range scale_j * maxq_j (within 4x, 16x of the page's largest, rest);
+ *      pv_page: |acc_j - ref| <= sum_blocks e/2 * sum_t |c_tj - maxq/2| + rounding,
+ *        e = max_t p_t scale_t / 255 per block of 128 tokens;
+ *    inputs outside the integer path (non-finite folded query, negative or
+ *    non-finite probabilities) take float kernels that agree to rounding;
+ *  - every primitive is a pure function of its inputs (no state, no
+ *    dependence on the thread or on how work is split), so attention stays
+ *    bit-identical for any thread count and any prompt chunking;
+ *  - the flush primitives write bytes identical to the scalar codecs. */
+#ifndef KKV_KERNELS_KERNELS_H
+#define KKV_KERNELS_KERNELS_H
+
+#include <stdint.h>
+
+#include "kittykv.h"
+#include "kittykv_cpu.h"
+
+typedef struct kkv_ops {
+    kkv_kernel kind;
+    /* s: [n_rep][n] raw dots q . k_t (unscaled). q: [n_rep][D], k: [n][D] fp16. */
+    void (*qk_f16)(float *s, const float *q, int n_rep, const uint16_t *k, int n, int D);
+    /* s: [n_rep][G] over one key page (format of kittykv.h). */
+    void (*qk_page)(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
+                    int nb);
+    /* acc: [n_rep][D] += sum_t p[r][t] * v_t. p: [n_rep][n], v: [n][D] fp16. */
+    void (*pv_f16)(float *acc, const float *p, int n_rep, const uint16_t *v, int n, int D);
+    /* acc: [n_rep][D] += sum_t p[r][t] * v_t over one value page. p: [n_rep][G]. */
+    void (*pv_page)(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
+                    int bits);
+    /* Page flush: k, v [G][D] fp16; tmp: [G][D] scratch. Must write bytes
+     * identical to the scalar codecs. */
+    void (*key_encode)(uint8_t *page, float *tmp, const uint16_t *k, int D, int G, int nb,
+                       kkv_select sel, uint64_t seed, uint64_t page_no, const uint8_t *rank);
+    void (*value_encode)(uint8_t *page, float *tmp, const uint16_t *v, int D, int G, int bits);
+    /* Online-softmax step of one block for n_rep query heads. s: [n_rep][n] raw
+     * dots in, unnormalised probabilities exp(s*inv - m_new) out. ml: [n_rep][2]
+     * running (max, sum), updated. acc: [n_rep][D] partial outputs, rescaled by
+     * exp(m_old - m_new). The running max starts at -INFINITY. */
+    void (*softmax)(float *s, float *ml, float *acc, int n_rep, int n, int D, float inv);
+} kkv_ops;
+
+/* The table of a kernel kind; NULL if this CPU/build lacks it. */
+const kkv_ops *kkv_ops_get(kkv_kernel k);
+
+extern const kkv_ops kkv_ops_scalar;
+#if defined(__x86_64__)
+extern const kkv_ops kkv_ops_avx2;
+extern const kkv_ops kkv_ops_avx512;
+#endif
+
+#endif

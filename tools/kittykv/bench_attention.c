@@ -1,0 +1,266 @@
+/* kittykv bench attention: decode attention of one token over every layer of
+ * the default model's shapes, per method and context length, against the
+ * machine's read bandwidth measured in the same run (the roofline).
+ *
+ * Setup (not timed): one cache per method, filled with the same synthetic
+ * post-RoPE-like keys/values through kkv_append + kkv_flush. Timed: the 30
+ * kkv_attend calls of one token, repeated in rounds that visit every method
+ * in a rotating order; the figure is the median. Bytes per token are the
+ * stored bytes (kkv_seq_mem total), which is exactly what one token reads. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "kittykv_cpu.h"
+#include "util.h"
+
+#define CMD "bench attention"
+/* Timed rounds stop growing once a context's rounds took this long. */
+#define ROUND_BUDGET_S 1.5
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "Decode attention of one token over all layers (the default model's shapes:\n"
+            "read from -m MODEL when present, else 30 layers, 9 query / 3 KV heads, D 64)\n"
+            "over a cache filled with synthetic keys/values to each context.\n"
+            "Defaults: --ctx 1024,4096,16384,32768  --methods fp16,kivi-k2v2,kitty,kitty-pro\n"
+            "          -t all cores (attention and read test)  --kernel auto  --reps 9  --bw-mb 256\n");
+}
+
+/* One token's attention over every layer. q: [L][n_q][D], out: [n_q][D]. */
+static kkv_status attend_all(kkv_cache *c, int seq, const float *q, float *out,
+                             const bench_shape *sh) {
+    size_t qn = (size_t)sh->n_heads * sh->head_dim;
+    for (int l = 0; l < sh->n_layers; l++) {
+        kkv_status s = kkv_attend(c, out, seq, l, q + (size_t)l * qn, sh->n_heads);
+        if (s != KKV_OK) return s;
+    }
+    return KKV_OK;
+}
+
+typedef struct row {
+    int    method, ctx, reps;
+    double med_s, q1_s, q3_s, min_s, cpu_s, bytes, bits;
+} row;
+
+typedef struct state {
+    kkv_cache *caches[BENCH_MAX_METHODS];
+    int        seqs[BENCH_MAX_METHODS];
+    float     *q, *out;
+    double    *times; /* [n_methods][MAX_REPS] wall seconds */
+    double    *cpu;   /* [n_methods][MAX_REPS] CPU seconds, all threads */
+    row       *rows;  /* [n_list][n_methods] */
+    bench_synth g;
+} state;
+
+static void state_free(state *st, int n_methods) {
+    for (int i = 0; i < n_methods; i++) kkv_cache_free(st->caches[i]);
+    free(st->q);
+    free(st->out);
+    free(st->times);
+    free(st->cpu);
+    free(st->rows);
+    bench_synth_free(&st->g);
+}
+
+#define MAX_REPS 400
+
+/* Times every method at the caches' current context; fills rows[0..n_methods). */
+static int measure(const bench_opts *o, state *st, const bench_shape *sh, row *rows, int ctx) {
+    int M = o->n_methods;
+    double est = 0.0;
+    for (int i = 0; i < M; i++) { /* warm-up, and a cost estimate */
+        double t0 = cli_now();
+        if (attend_all(st->caches[i], st->seqs[i], st->q, st->out, sh) != KKV_OK)
+            return bench_fail(o, "attention");
+        est += cli_now() - t0;
+    }
+    int reps = o->reps;
+    if (est > 0 && reps < (int)(ROUND_BUDGET_S / est)) reps = (int)(ROUND_BUDGET_S / est);
+    if (reps > MAX_REPS) reps = MAX_REPS;
+    double t_start = cli_now();
+    for (int r = 0; r < reps; r++) {
+        for (int k = 0; k < M; k++) {
+            int i = bench_order(r, k, M);
+            double t0 = cli_now(), c0 = bench_cpu_now();
+            if (attend_all(st->caches[i], st->seqs[i], st->q, st->out, sh) != KKV_OK)
+                return bench_fail(o, "attention");
+            st->times[(size_t)i * MAX_REPS + r] = cli_now() - t0;
+            st->cpu[(size_t)i * MAX_REPS + r] = bench_cpu_now() - c0;
+        }
+        cli_progress("timing", r + 1, reps, cli_now() - t_start);
+    }
+    for (int i = 0; i < M; i++) {
+        const double *t = st->times + (size_t)i * MAX_REPS;
+        kkv_mem mem;
+        if (kkv_seq_mem(st->caches[i], &mem, st->seqs[i]) != KKV_OK)
+            return bench_fail(o, "memory");
+        rows[i] = (row){i, ctx, reps, bench_median(t, reps), bench_quantile(t, reps, 0.25),
+                        bench_quantile(t, reps, 0.75), bench_quantile(t, reps, 0.0),
+                        bench_median(st->cpu + (size_t)i * MAX_REPS, reps), (double)mem.total,
+                        mem.bits_per_element};
+    }
+    return 0;
+}
+
+int bench_attention(int argc, char **argv) {
+    bench_opts o;
+    memset(&o, 0, sizeof o);
+    o.cmd = CMD;
+    o.threads = kkv_cpu_count();
+    o.reps = 9;
+    o.bw_mb = 256;
+    o.kernel = KKV_KERNEL_AUTO;
+    int dflt[] = {1024, 4096, 16384, 32768};
+    memcpy(o.list, dflt, sizeof dflt);
+    o.n_list = 4;
+    if (bench_set_methods(&o, "fp16,kivi-k2v2,kitty,kitty-pro")) return 2;
+    int rc = bench_parse(&o, argc, argv,
+                         BO_MODEL | BO_CTX | BO_METHODS | BO_THREADS | BO_KERNEL | BO_REPS |
+                             BO_BW,
+                         usage);
+    if (rc) return rc < 0 ? 0 : rc;
+    for (int i = 0; i < o.n_list; i++)
+        if (o.list[i] < 1) {
+            fprintf(stderr, "kittykv " CMD ": contexts must be >= 1\n");
+            return 2;
+        }
+
+    kkv_model *model;
+    if (bench_load_model(&model, &o, 1)) return 1;
+    bench_shape sh = model ? bench_shape_of(model) : bench_default_shape();
+    kkv_model_free(model);
+    for (int i = 0; i < o.n_methods; i++)
+        if (kkv_method_check(&o.methods[i], sh.head_dim) != KKV_OK)
+            return bench_fail(&o, o.method_names[i]);
+
+    /* The roofline first, while the caches do not yet hold memory. */
+    fprintf(stderr, "measuring read bandwidth (%d MiB, %d threads)...\n", o.bw_mb, o.threads);
+    double bw = bench_read_bandwidth((size_t)o.bw_mb << 20, o.threads, 5);
+    if (bw <= 0) {
+        fprintf(stderr, "kittykv " CMD ": out of memory for the read test\n");
+        return 1;
+    }
+
+    int M = o.n_methods;
+    state st;
+    memset(&st, 0, sizeof st);
+    size_t qn = (size_t)sh.n_layers * sh.n_heads * sh.head_dim;
+    st.q = malloc(qn * sizeof *st.q);
+    st.out = malloc((size_t)sh.n_heads * sh.head_dim * sizeof *st.out);
+    st.times = malloc((size_t)M * MAX_REPS * sizeof *st.times);
+    st.cpu = malloc((size_t)M * MAX_REPS * sizeof *st.cpu);
+    st.rows = malloc((size_t)o.n_list * M * sizeof *st.rows);
+    if (!st.q || !st.out || !st.times || !st.cpu || !st.rows ||
+        bench_synth_init(&st.g, sh.n_layers, sh.n_kv_heads, sh.head_dim, 42)) {
+        state_free(&st, M);
+        fprintf(stderr, "kittykv " CMD ": out of memory\n");
+        return 1;
+    }
+    uint64_t qrng = 7;
+    for (size_t i = 0; i < qn; i++) st.q[i] = bench_rand(&qrng);
+
+    rc = 0;
+    kkv_kernel used = KKV_KERNEL_AUTO;
+    for (int i = 0; i < M && !rc; i++) {
+        kkv_cache_config cfg = {.n_layers = sh.n_layers, .n_kv_heads = sh.n_kv_heads,
+                                .head_dim = sh.head_dim,
+                                .pool_bytes = bench_pool_for(&sh, o.list[o.n_list - 1], 1),
+                                .max_seqs = 1, .n_threads = o.threads, .method = o.methods[i]};
+        if (kkv_cache_create(&st.caches[i], &cfg) != KKV_OK ||
+            kkv_cache_set_kernel(st.caches[i], o.kernel) != KKV_OK ||
+            kkv_seq_add(st.caches[i], &st.seqs[i]) != KKV_OK)
+            rc = bench_fail(&o, o.method_names[i]);
+        else used = kkv_cache_get_kernel(st.caches[i]);
+    }
+    for (int c = 0; c < o.n_list && !rc; c++) {
+        char label[48];
+        snprintf(label, sizeof label, "fill %d", o.list[c]);
+        if (bench_fill(st.caches, st.seqs, M, o.list[c], &st.g, label) != KKV_OK) {
+            rc = bench_fail(&o, "filling the caches");
+            break;
+        }
+        rc = measure(&o, &st, &sh, st.rows + (size_t)c * M, o.list[c]);
+    }
+    if (rc) {
+        state_free(&st, M);
+        return rc;
+    }
+    /* A second read test after the timings: the best of both is the roofline. */
+    double bw2 = bench_read_bandwidth((size_t)o.bw_mb << 20, o.threads, 5);
+    if (bw2 > bw) bw = bw2;
+
+    int fp16 = -1;
+    for (int i = 0; i < M; i++)
+        if (o.methods[i].fp16) fp16 = i;
+    printf("kittykv bench attention: one decode token over %d layers (%d query / %d KV heads, "
+           "head_dim %d%s), kernel %s, %d thread%s\n",
+           sh.n_layers, sh.n_heads, sh.n_kv_heads, sh.head_dim,
+           sh.from_model ? ", from the model" : ", default shapes", kkv_kernel_name(used),
+           o.threads, o.threads > 1 ? "s" : "");
+    printf("read bandwidth (sum over %d MiB, %d thread%s, best of 10): %.2f GB/s\n", o.bw_mb,
+           o.threads, o.threads > 1 ? "s" : "", bw);
+    printf("%-11s %7s %11s %10s %10s %11s %8s %8s %9s %8s %8s\n", "method", "ctx", "us/token",
+           "us best", "cpu us", "MB/token", "bits/el", "GB/s", "roofline", "vs fp16",
+           "cpu vs");
+    for (int c = 0; c < o.n_list; c++)
+        for (int i = 0; i < M; i++) {
+            const row *r = &st.rows[(size_t)c * M + i];
+            double gbs = r->bytes / r->med_s * 1e-9;
+            double sp = fp16 >= 0 ? st.rows[(size_t)c * M + fp16].med_s / r->med_s : 0.0;
+            printf("%-11s %7d %11.1f %10.1f %10.1f %11.3f %8.3f %8.2f %8.1f%% ", o.method_names[i],
+                   r->ctx, r->med_s * 1e6, r->min_s * 1e6, r->cpu_s * 1e6, r->bytes / 1e6,
+                   r->bits, gbs, 100.0 * gbs / bw);
+            if (fp16 >= 0)
+                printf("%7.2fx %7.2fx\n", sp, st.rows[(size_t)c * M + fp16].cpu_s / r->cpu_s);
+            else printf("%8s %8s\n", "-", "-");
+        }
+    printf("(us/token: median of >= %d interleaved repetitions, GB/s and ratios from it; "
+           "us best: the fastest one; cpu us: median CPU time of all threads; bytes/token = stored bytes = bytes "
+           "read; roofline = GB/s / read bandwidth; a cache that fits the last-level cache "
+           "can exceed 100%%)\n", o.reps);
+    if (o.json) {
+        printf("{\"bench\":\"attention\",\"kernel\":");
+        cli_json_str(stdout, kkv_kernel_name(used));
+        printf(",\"threads\":%d,\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,"
+               "\"head_dim\":%d,\"shapes_from_model\":%s,\"bandwidth_gbs\":",
+               o.threads, sh.n_layers, sh.n_heads, sh.n_kv_heads, sh.head_dim,
+               sh.from_model ? "true" : "false");
+        bench_json_num(stdout, bw);
+        printf(",\"rows\":[");
+        for (int c = 0; c < o.n_list; c++)
+            for (int i = 0; i < M; i++) {
+                const row *r = &st.rows[(size_t)c * M + i];
+                double gbs = r->bytes / r->med_s * 1e-9;
+                printf("%s{\"method\":", c || i ? "," : "");
+                cli_json_str(stdout, o.method_names[i]);
+                printf(",\"ctx\":%d,\"us_per_token\":", r->ctx);
+                bench_json_num(stdout, r->med_s * 1e6);
+                printf(",\"us_q1\":");
+                bench_json_num(stdout, r->q1_s * 1e6);
+                printf(",\"us_q3\":");
+                bench_json_num(stdout, r->q3_s * 1e6);
+                printf(",\"cpu_us_per_token\":");
+                bench_json_num(stdout, r->cpu_s * 1e6);
+                printf(",\"us_min\":");
+                bench_json_num(stdout, r->min_s * 1e6);
+                printf(",\"reps\":%d,\"bytes_per_token\":%.0f,\"bits_per_element\":", r->reps,
+                       r->bytes);
+                bench_json_num(stdout, r->bits);
+                printf(",\"gbs\":");
+                bench_json_num(stdout, gbs);
+                printf(",\"roofline_pct\":");
+                bench_json_num(stdout, 100.0 * gbs / bw);
+                printf(",\"speedup_vs_fp16\":");
+                if (fp16 >= 0) bench_json_num(stdout, st.rows[(size_t)c * M + fp16].med_s / r->med_s);
+                else printf("null");
+                printf(",\"cpu_speedup_vs_fp16\":");
+                if (fp16 >= 0) bench_json_num(stdout, st.rows[(size_t)c * M + fp16].cpu_s / r->cpu_s);
+                else printf("null");
+                printf("}");
+            }
+        printf("]}\n");
+    }
+    state_free(&st, M);
+    return 0;
+}
