@@ -582,6 +582,25 @@ int main(void) {
         test_qk_page("avx2-float", kkv_avx2_qk_page, 0, &r, &st);
         test_pv_page("avx2-float", kkv_avx2_pv_page, 0, &r, &st);
         printf("kernel avx2 float page fallback: worst error %.3g of magnitude (tolerance %g)\n", st.worst, TOL_PRIM);
+        /* inputs the integer path cannot represent take exactly the float kernels */
+        enum { D = 64, G = 128, R = 3 };
+        static float x[G * D], q[R * D], p[R * G], s0[R * G], s1[R * G], a0[R * D], a1[R * D];
+        static uint8_t kp[8192], vp[8192];
+        for (int i = 0; i < G * D; i++) x[i] = tu_normal(&r);
+        for (int i = 0; i < R * D; i++) q[i] = tu_normal(&r);
+        for (int i = 0; i < R * G; i++) p[i] = fabsf(tu_uniform(&r));
+        kkv_key_page_encode(kp, x, D, G, 8, KKV_SELECT_MAGNITUDE, 0, 0, NULL);
+        kkv_value_page_encode(vp, x, D, G, 2);
+        q[D + 5] = INFINITY;
+        kkv_avx2_qk_page(s0, q, R, kp, D, G, 8);
+        kkv_avx2i_qk_page(s1, q, R, kp, D, G, 8);
+        CHECK(memcmp(s0, s1, sizeof s0) == 0, "qk_page with an infinite query: not the float kernel's result");
+        p[2 * G + 7] = -0.5f;
+        memset(a0, 0, sizeof a0);
+        memset(a1, 0, sizeof a1);
+        kkv_avx2_pv_page(a0, p, R, vp, D, G, 2);
+        kkv_avx2i_pv_page(a1, p, R, vp, D, G, 2);
+        CHECK(memcmp(a0, a1, sizeof a0) == 0, "pv_page with a negative probability: not the float kernel's result");
     }
 #endif
     printf("integer page kernels: worst error %.3g of the derived bound (must be <= 1)\n", worst_int_ratio);
