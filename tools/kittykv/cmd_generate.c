@@ -136,10 +136,25 @@ static int parse(opts *o, int argc, char **argv) {
                     "method's own settings; it cannot be combined with %s\n", clash);
             return 2;
         }
-        o->n_methods = cli_spec_list(o->specs, MAX_COMPARE, o->compare, err, sizeof err);
-        if (o->n_methods < 0) {
-            fprintf(stderr, "kittykv " CMD ": --compare: %s\n", err);
-            return 2;
+        /* split by hand: unlike eval's lists, a method may be listed twice
+         * (fp16,fp16 checks that two runs of one method agree) */
+        o->n_methods = 0;
+        for (const char *p = o->compare; *p;) {
+            char one[sizeof o->specs[0].name];
+            size_t len = strcspn(p, ",");
+            if (o->n_methods == MAX_COMPARE || len >= sizeof one) {
+                fprintf(stderr, "kittykv " CMD ": --compare takes at most %d specs of at most "
+                        "%zu characters\n", MAX_COMPARE, sizeof one - 1);
+                return 2;
+            }
+            memcpy(one, p, len);
+            one[len] = 0;
+            if (cli_spec_parse(&o->specs[o->n_methods++], one, err, sizeof err)) {
+                fprintf(stderr, "kittykv " CMD ": --compare: %s\n", err);
+                return 2;
+            }
+            p += len;
+            if (*p == ',') p++;
         }
     } else {
         /* --alpha is the spec's alpha key: the spec parser rejects it for a
@@ -315,7 +330,7 @@ static int run_method(method_run *res, const opts *o, kkv_model *m,
         return fail("sizing the KV pool");
     kkv_cache *cache;
     if (kkv_cache_create(&cache, &cfg) != KKV_OK) return fail("creating the KV cache");
-    int rc = 0, seq;
+    int rc = 0, seq = 0;
     if (kkv_cache_set_threadpool(cache, tp) != KKV_OK) rc = fail("thread pool");
     for (int i = 0; !rc && i < n_prompt; i++)
         if (kkv_sampler_accept(smp, prompt[i]) != KKV_OK) rc = fail("sampler");

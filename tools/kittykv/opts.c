@@ -10,13 +10,13 @@
 #include "kittykv.h"
 
 /* Copies s into buf [cap] for an error message: printable ASCII as is, other
- * bytes as \xHH, cut with "..." after 60 characters, so a message stays one
+ * bytes as \xHH, cut with "..." after max characters, so a message stays one
  * readable line whatever the user typed. */
-static const char *shown(char *buf, size_t cap, const char *s, size_t len) {
+static const char *shown_max(char *buf, size_t cap, const char *s, size_t len, size_t max) {
     size_t w = 0;
     for (size_t i = 0; i < len && w + 8 < cap; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (i >= 60) {
+        if (i >= max) {
             memcpy(buf + w, "...", 3);
             w += 3;
             break;
@@ -26,6 +26,10 @@ static const char *shown(char *buf, size_t cap, const char *s, size_t len) {
     }
     buf[w] = 0;
     return buf;
+}
+
+static const char *shown(char *buf, size_t cap, const char *s, size_t len) {
+    return shown_max(buf, cap, s, len, 60);
 }
 
 static int fail(char *err, size_t errlen, const char *fmt, ...) {
@@ -97,8 +101,13 @@ static int store(const char *cmd, const opt_def *d, const char *opt, const char 
     }
     case OPT_SPEC: {
         kkv_method m;
-        if (kkv_method_parse(&m, v) != KKV_OK)
-            return fail(err, errlen, "kittykv %s: %s: %s", cmd, opt, kkv_last_error());
+        if (kkv_method_parse(&m, v) != KKV_OK) {
+            /* the library's message quotes the spec: keep it one printable line */
+            char msg[512];
+            const char *e = kkv_last_error();
+            shown_max(msg, sizeof msg, e, strlen(e), 300);
+            return fail(err, errlen, "kittykv %s: %s: %s", cmd, opt, msg);
+        }
         *(const char **)d->target = v;
         return OPTS_OK;
     }
