@@ -81,12 +81,23 @@ typedef struct kkv_model_info {
     int   eos;
     int   eot;           /* end of turn (<|im_end|>), -1 if none */
     uint64_t weight_bytes;
+    /* RoPE layout: which dims of a head rotate together. 0: adjacent pairs
+     * (2i, 2i+1) (llama: llama.cpp's converter permutes Q/K rows so);
+     * 1: NeoX halves (i, i + rope_dims/2) (qwen2, qwen3). Pair i turns by
+     * pos * theta^(-2i/rope_dims), divided by any rope scaling. */
+    int   rope_neox;
+    int   rope_dims;     /* dims of each head that rotate (<= head_dim) */
 } kkv_model_info;
 
 /* Loads a GGUF model (mmap). n_threads: threads for matmuls (0: all cores).
- * KKV_ERR_IO (not found/unreadable), KKV_ERR_FORMAT (malformed GGUF),
- * KKV_ERR_UNSUPPORTED (architecture or tensor type). Free with kkv_model_free;
- * the model owns the mapping, and nothing it returns outlives it. */
+ * Architectures: llama (incl. Llama 3 rope_freqs / linear rope scaling),
+ * qwen2 (QKV biases, NeoX RoPE), qwen3 (per-head Q/K RMSNorm, NeoX RoPE).
+ * KKV_ERR_IO (not found, unreadable, not a regular file: a FIFO fails at
+ * once), KKV_ERR_FORMAT (malformed GGUF, inconsistent shapes, a tokenizer
+ * vocabulary whose size is not token_embd's row count), KKV_ERR_UNSUPPORTED
+ * (architecture, tensor type or rope scaling, named). Every message names the
+ * path once; on success kkv_last_error() is "". Free with kkv_model_free; the
+ * model owns the mapping, and nothing it returns outlives it. */
 kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads);
 /* Loads only the vocabulary of a GGUF (no weights: tokenize, token pieces and
  * detokenize work, forward calls fail with KKV_ERR_INVALID_ARG). pre names a
@@ -115,6 +126,12 @@ typedef void (*kkv_qkv_hook)(void *user, int seq, int layer, int64_t pos, const 
 /* Installs (fn) or removes (NULL) the hook. */
 void kkv_model_set_qkv_hook(kkv_model *m, kkv_qkv_hook fn, void *user);
 
+/* A 64-bit fingerprint of the model's weights (XXH3 over every tensor's name,
+ * type, shape and bytes; reads the whole file once, ~10 ms per 100 MB), never
+ * 0. kkv_seq_save()/kkv_seq_load() callers use it to refuse states of another
+ * model. */
+uint64_t kkv_model_fingerprint(const kkv_model *m);
+
 /* A cache config with the model's shape, the method and the budget. */
 kkv_cache_config kkv_model_cache_config(const kkv_model *m, const kkv_method *method,
                                         size_t pool_bytes);
@@ -123,12 +140,22 @@ kkv_cache_config kkv_model_cache_config(const kkv_model *m, const kkv_method *me
  * every layer of the cache (each token attends to the cache as stored, exactly
  * as n single-token calls would). logits: [n][n_vocab] if all_logits, else
  * [n_vocab] for the last token; may be NULL. Before touching the cache it
- * reserves every page the n tokens need: KKV_ERR_POOL_FULL leaves it as it was. */
+ * reserves every page the n tokens need: KKV_ERR_POOL_FULL, KKV_ERR_CTX_FULL
+ * and bad arguments (n < 1, a token outside the vocabulary, a cache of
+ * another shape) leave it as it was.
+ * Failing midway -- KKV_ERR_NONFINITE (an activation overflowed to Inf/NaN)
+ * or KKV_ERR_NOMEM for scratch memory -- cannot be undone once pages were
+ * quantized, so the contract is: if no layer of the sequence changed, it is as
+ * it was; otherwise some layers hold some of the n tokens and the sequence is
+ * marked failed: kkv_append/attend/flush/reserve and further forward passes
+ * on it return KKV_ERR_INVALID_ARG ("... free it") until kkv_seq_free(). The
+ * way back is kkv_seq_free(), kkv_seq_add() and the tokens again. */
 kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
                              const int32_t *tokens, int n, int all_logits);
 
 /* One decode step for a ragged batch: token tokens[i] is appended to sequence
- * seqs[i] (all distinct). logits: [n][n_vocab]. All or nothing for the pool. */
+ * seqs[i] (all distinct). logits: [n][n_vocab]. All or nothing for the pool;
+ * a failure midway marks every sequence it changed, as kkv_model_forward(). */
 kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
                                   const int *seqs, const int32_t *tokens, int n);
 
@@ -158,6 +185,44 @@ kkv_status kkv_detokenize(const kkv_model *m, char *buf, size_t cap, size_t *n_o
 
 /* The pre-tokenizer names this build knows, NULL-terminated. */
 const char *const *kkv_pretokenizer_names(void);
+
+/* ---- chat templates ----
+ * The model's tokenizer.chat_template is recognised as one of a few families
+ * (no Jinja is run) and applied by code with the model's own special tokens:
+ *   chatml   <|im_start|>ROLE\nCONTENT<|im_end|>\n ... (SmolLM2, Qwen); a default
+ *            system message written into the model's template is kept
+ *   llama3   <|start_header_id|>ROLE<|end_header_id|>\n\nCONTENT<|eot_id|>
+ *   gemma    <start_of_turn>ROLE\nCONTENT<end_of_turn>\n, assistant -> model,
+ *            a system message prefixed to the first turn (Gemma 3)
+ *   llama2   [INST] <<SYS>>\nSYSTEM\n<</SYS>>\n\nUSER [/INST] ANSWER </s><s>[INST] ...
+ *   mistral  [INST] USER [/INST]ANSWER</s>[INST] ...; a system message is
+ *            prefixed to the first turn with a blank line
+ * The text omits the leading BOS: tokenize it with add_bos = 1, special = 1. */
+typedef struct kkv_chat_msg {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content; /* UTF-8, NUL-terminated */
+} kkv_chat_msg;
+
+/* The family names above, NULL-terminated (static storage). */
+const char *const *kkv_chat_template_names(void);
+
+/* *name = the family of the model's own template (static storage).
+ * KKV_ERR_NOT_FOUND if the file has no tokenizer.chat_template,
+ * KKV_ERR_UNSUPPORTED if it is none of the known families. */
+kkv_status kkv_chat_template_detect(const kkv_model *m, const char **name);
+
+/* Formats msgs[0..n) as a prompt, plus the assistant's opening when
+ * add_generation_prompt. template_name: a family name, or NULL for the
+ * model's own (as kkv_chat_template_detect). buf: [cap]; *len = the text's
+ * length without the NUL, set even when it does not fit (then
+ * KKV_ERR_INVALID_ARG and buf untouched). Other errors: an unknown name, an
+ * unrecognised or missing model template, a role other than the three (or
+ * "system" past the first message where the family has no place for it), a
+ * family whose special tokens the vocabulary lacks. The result borrows
+ * nothing; buf is the caller's. Works on a kkv_model_load_vocab model too. */
+kkv_status kkv_chat_format(const kkv_model *m, char *buf, size_t cap, size_t *len,
+                           const kkv_chat_msg *msgs, int n, int add_generation_prompt,
+                           const char *template_name);
 
 /* ---------------------------------------------------------------- UTF-8 */
 

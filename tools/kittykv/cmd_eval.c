@@ -29,7 +29,8 @@ static const char *const SYNOPSIS =
 static const char *const EPILOG =
     "A method spec is a method name with optional ':key=value' overrides:\n"
     "  alpha=F  select=magnitude|variance|random  seed=N  sink=N  group=N\n"
-    "  window=N vbits=2|4          e.g. kitty:alpha=0.5:select=random:seed=3\n"
+    "  window=N vbits=2|4  eager=0|1 (values quantized as they leave the window)\n"
+    "  e.g. kitty:alpha=0.5:select=random:seed=3\n"
     "Options a method ignores are errors (fp16 takes only group).\n"
     "\nKL is KL(p_fp16 || p_method) in nats per position, computed in double over\n"
     "the whole vocabulary; p99 is the nearest-rank 99th percentile.\n";
@@ -138,7 +139,7 @@ int cmd_eval(int argc, char **argv) {
     }
 
     o.threads = cli_threads(o.threads, CMD);
-    kkv_threadpool *tp = NULL; /* the model's matmuls; each method's cache has its own */
+    kkv_threadpool *tp = NULL; /* shared by the model and every method's cache */
     kkv_model *m = NULL;
     int32_t *tokens = NULL;
     kkv_eval_result res[MAX_SPECS], ref;
@@ -165,7 +166,7 @@ int cmd_eval(int argc, char **argv) {
     cfg.n_tokens = o.ctx;
     cfg.score_from = o.score_from;
     cfg.chunk = o.chunk;
-    cfg.n_threads = o.threads;
+    cfg.pool = tp;
     if (cli_eval_run(res, &ref, m, tokens, &cfg, specs, n_specs, "eval", CMD)) goto done;
     print_table(specs, res, n_specs, &ref, o.ctx, o.score_from);
     if (o.json) print_json(&o, &info, specs, res, n_specs, &ref, o.ctx);
