@@ -1,6 +1,6 @@
 /* Integer-domain AVX2 kernels for quantized pages: the dots run on the 2/4-bit
  * codes as bytes with vpmaddubsw, never widened to floats. The page format is
- * the documented one (spec section 5); these kernels read it as it is.
+ * the documented one (docs/FORMAT.md section 2); these kernels read it as it is.
  *
  * Keys (q . k). k_tj = c_tj * scale_j + mn_j, so
  *   s_t = sum_j (q_j scale_j) c_tj + sum_j q_j mn_j.
@@ -37,10 +37,10 @@
 #include <string.h>
 
 #include "kernels/attn_simd.h"
+#include "kernels/avx2_util.h"
 #include "core/fp16.h"
 #include "quant/quant.h"
 
-#define AI static inline __attribute__((always_inline))
 /* Query heads per pass: two int16 accumulators each, all in registers. */
 #define RBI 4
 /* Value tokens per quantization block (bounds the weight scratch). */
@@ -275,22 +275,6 @@ AI void qk_int_rb(float *s, const int16_t *w, int ldw, const float *d, const flo
     }
 }
 
-/* Lane mask of the first n (4 or 8) lanes. */
-AI __m256i lanes(int n) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-AI float hsum(__m256 a) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-AI float hmax(__m256 a) {
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_max_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
 
 /* Folded int8 query of one head over a page: f_j = q_j * scale_j, one step
  * per channel group d_g = max_{j in g} |f_j| / 127, qi = rne(f / d_g) (MXCSR
