@@ -10,6 +10,8 @@
 # The unit tests include test_failalloc (allocation-failure injection): in
 # step 2 LeakSanitizer checks that no failure path leaks.
 #   4. CUDA backend compiled with nvcc (no GPU needed), when nvcc exists
+#   5. the three libraries cross-compiled for aarch64 (-Werror): a target
+#      without x86 SIMD builds with the scalar kernels only
 # Usage: scripts/test.sh [--quick]   (--quick: Release build and tests only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +70,13 @@ if command -v nvcc >/dev/null; then
   cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DKKV_CUDA=ON \
     -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" >/dev/null
   cmake --build build-cuda -j"$JOBS" --target kittykv_cuda
+fi
+
+if command -v aarch64-linux-gnu-gcc >/dev/null; then
+  step "aarch64 cross build of the libraries (scalar kernels only)"
+  cmake -S . -B build-aarch64 -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 \
+    -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DKKV_BUILD_TESTS=OFF >/dev/null
+  cmake --build build-aarch64 -j"$JOBS" --target kittykv kittykv_model kittykv_eval
 fi
 
 step "all configurations passed"

@@ -4,7 +4,11 @@
  * key page and the read-back K/V are hashed (FNV-1a 64 over their bytes) and
  * compared with hashes recorded from the previous layout (commit c5d8199,
  * scalar kernels and the best kernel, 1 and 3 threads). Any change to the
- * pages' bytes or to what attention computes changes a hash.
+ * pages' bytes or to what attention computes changes a hash. The AVX2 output
+ * hashes were re-recorded for the integer-domain page kernels (issue 15:
+ * src/kernels/attn_int_avx2.c changes what the AVX2 table computes, within
+ * the bounds of kernels.h; the scalar hashes, pages and read-back are the
+ * previous layout's).
  * KKV_GOLDEN_PRINT=1 prints the table instead of checking it. */
 #include <stdlib.h>
 #include <string.h>
@@ -30,19 +34,19 @@ static gcase cases[] = {
     {"fp16", 0, 0, 0, 64, 2, 2, 4, 300,
      0x442c09f31eb0c0ffull, 0x486f56dac9fba0e8ull, 0x6c645b6731bcb762ull, 0x04666f5da809c500ull},
     {"kivi-k2v2", 0, 0, 0, 64, 2, 2, 4, 400,
-     0x78a035f2e49da522ull, 0xaf32973cb18c740dull, 0xd7f394bdf7337678ull, 0xa98f3b6a4fd3a7d7ull},
+     0x78a035f2e49da522ull, 0xaf32973cb18c740dull, 0xd7f394bdf7337678ull, 0xe2e518076a8de963ull},
     {"kivi-k4v4", 0, 0, 0, 20, 2, 1, 3, 333,
-     0xea30944990c66f68ull, 0x22ec02ab20ed3dcdull, 0x0896cd572ef5e337ull, 0x47e4d466040893adull},
+     0xea30944990c66f68ull, 0x22ec02ab20ed3dcdull, 0x0896cd572ef5e337ull, 0x3808a185bd33983aull},
     {"kivi-k2v4s", 0, 0, 0, 36, 1, 2, 2, 290,
-     0x939633e10b83efe0ull, 0x12f521d6c8b8e46bull, 0x52e2a7e670a12866ull, 0xa1eb5e182c8fd612ull},
+     0x939633e10b83efe0ull, 0x12f521d6c8b8e46bull, 0x52e2a7e670a12866ull, 0x91262add696e3f22ull},
     {"kitty", 0, 0, 0, 64, 2, 2, 6, 420,
-     0x4509366db0972355ull, 0x40c581adb83f7322ull, 0x8897e31416de6474ull, 0x13be201202903c66ull},
+     0x4509366db0972355ull, 0x40c581adb83f7322ull, 0x8897e31416de6474ull, 0x4e8b7abef00c1dddull},
     {"kitty-pro", 0, 16, 24, 28, 3, 1, 2, 211,
-     0x242832acff5ba4c7ull, 0x9a9c4ad35fd33424ull, 0x9d4ff4f39ad61197ull, 0x7f5cbf77e96c35dcull},
+     0x242832acff5ba4c7ull, 0x9a9c4ad35fd33424ull, 0x9d4ff4f39ad61197ull, 0xf85e4419e5696e3eull},
     {"kitty", 5, 8, 3, 12, 2, 3, 3, 97,
-     0x6f19bcd18a2ad2d8ull, 0xa828c314bfa1589full, 0x07c12d81156e191cull, 0x610cf68208918749ull},
+     0x6f19bcd18a2ad2d8ull, 0xa828c314bfa1589full, 0x07c12d81156e191cull, 0x1b43f478e0da91cbull},
     {"kitty", 33, 12, 40, 16, 1, 1, 1, 250,
-     0xa97ec7bee42c6ed3ull, 0x6149d02739c592cfull, 0x13b032b8056ac0afull, 0x6febeee8c15e9996ull},
+     0xa97ec7bee42c6ed3ull, 0x6149d02739c592cfull, 0x13b032b8056ac0afull, 0xbe01742c0a015e50ull},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 

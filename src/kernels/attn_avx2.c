@@ -1,4 +1,6 @@
-/* AVX2 + FMA + F16C kernels. Attention works in the code domain of spec
+/* AVX2 + FMA + F16C kernels. (The table's qk_page / pv_page are the integer
+ * ones of attn_int_avx2.c; the float page kernels here are their fallback
+ * for inputs the integer path cannot represent.) Attention works in the code domain of spec
  * section 7: per key page the channel scales fold into the query and the
  * per-channel minimums into one constant per query head; per value page the
  * token scales fold into the probabilities and the minimums into one constant
@@ -11,10 +13,10 @@
 #include <string.h>
 
 #include "kernels/attn_simd.h"
+#include "kernels/avx2_util.h"
 #include "core/fp16.h"
 #include "quant/quant.h"
 
-#define AI static inline __attribute__((always_inline))
 /* Query heads handled together: their accumulators must fit in 16 registers. */
 #define RB_MAX 3
 
@@ -38,18 +40,6 @@ AI uint32_t ld32_part(const uint8_t *p, int n) {
     memcpy(&w, p, (size_t)(n & 3));
     return w;
 }
-AI float hsum(__m256 a) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-AI float hmax(__m256 a) {
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_max_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
 AI float hmin(__m256 a) {
     __m128 x = _mm_min_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     x = _mm_min_ps(x, _mm_movehl_ps(x, x));
@@ -60,10 +50,6 @@ AI float hmin(__m256 a) {
 AI __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-/* Lane mask of the first n (4 or 8) lanes, for a D that is a multiple of 4. */
-AI __m256i lanes(int n) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 /* fp16 [n] (n a multiple of 4) to fp32; F16C rounds exactly as kkv_f16_to_f32. */
@@ -674,9 +660,9 @@ void kkv_avx2_value_encode(uint8_t *page, float *tmp, const uint16_t *v, int D, 
 const kkv_ops kkv_ops_avx2 = {
     .kind = KKV_KERNEL_AVX2,
     .qk_f16 = kkv_avx2_qk_f16,
-    .qk_page = kkv_avx2_qk_page,
+    .qk_page = kkv_avx2i_qk_page,
     .pv_f16 = kkv_avx2_pv_f16,
-    .pv_page = kkv_avx2_pv_page,
+    .pv_page = kkv_avx2i_pv_page,
     .key_encode = kkv_avx2_key_encode,
     .value_encode = kkv_avx2_value_encode,
     .softmax = kkv_avx2_softmax,

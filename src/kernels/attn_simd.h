@@ -1,6 +1,6 @@
 /* The AVX2 primitives, shared with the AVX-512 table (an AVX-512 CPU runs
  * AVX2 code too), so attn_avx512.c replaces only what it widens. Signatures
- * and contracts are those of kkv_ops in attn.h. */
+ * and contracts are those of kkv_ops in kernels.h. */
 #ifndef KKV_ATTN_ATTN_SIMD_H
 #define KKV_ATTN_ATTN_SIMD_H
 
@@ -17,6 +17,12 @@ void kkv_avx2_key_encode(uint8_t *page, float *tmp, const uint16_t *k, int D, in
                          kkv_select sel, uint64_t seed, uint64_t page_no, const uint8_t *rank);
 void kkv_avx2_value_encode(uint8_t *page, float *tmp, const uint16_t *v, int D, int G,
                            int bits);
+/* Integer-domain page kernels (attn_int_avx2.c); same signatures as
+ * qk_page / pv_page, contract in kernels.h. */
+void kkv_avx2i_qk_page(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
+                       int nb);
+void kkv_avx2i_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
+                       int bits);
 void kkv_avx2_softmax(float *s, float *ml, float *acc, int n_rep, int n, int D, float inv);
 #endif
 

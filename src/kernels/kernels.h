@@ -4,9 +4,24 @@
  * (src/cache/attend.c) is shared; a kernel variant supplies these primitives. Each variant
  * is tested against the scalar one (tests/test_kernels.c).
  *
- * Numerical contract: the attention primitives of a SIMD variant agree with
- * the scalar ones to float rounding (they may fold scales and reorder sums);
- * the flush primitives write bytes identical to the scalar codecs. */
+ * Numerical contract (tests/test_kernels.c checks each bound):
+ *  - qk_f16, pv_f16, softmax of a SIMD variant agree with the scalar ones to
+ *    float rounding (they may fold scales, use FMA and reorder sums):
+ *    |simd - scalar| <= 1e-5 * sum |terms|;
+ *  - qk_page, pv_page of a SIMD variant work in the integer domain
+ *    (attn_int_avx2.c) and differ from the scalar ones by one quantization
+ *    step of the folded query / probabilities:
+ *      qk_page: |s_t - ref| <= sum_j d_g(j)/2 * |c_tj - maxq_j/2| + rounding,
+ *        d_g = max_{j in group g} |q_j scale_j| / 127, channel groups by key
+ *        range scale_j * maxq_j (within 4x, 16x of the page's largest, rest);
+ *      pv_page: |acc_j - ref| <= sum_blocks e/2 * sum_t |c_tj - maxq/2| + rounding,
+ *        e = max_t p_t scale_t / 255 per block of 128 tokens;
+ *    inputs outside the integer path (non-finite folded query, negative or
+ *    non-finite probabilities) take float kernels that agree to rounding;
+ *  - every primitive is a pure function of its inputs (no state, no
+ *    dependence on the thread or on how work is split), so attention stays
+ *    bit-identical for any thread count and any prompt chunking;
+ *  - the flush primitives write bytes identical to the scalar codecs. */
 #ifndef KKV_KERNELS_KERNELS_H
 #define KKV_KERNELS_KERNELS_H
 
