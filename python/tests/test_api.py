@@ -98,10 +98,13 @@ def test_fp16_cache_matches_numpy_attention():
         assert m["total"] == m["fp16"] == 2 * T * H * D * 2
 
 
-def test_quantized_cache_reads_back_what_attention_sees():
+@pytest.mark.parametrize("kernel", ["scalar", "best"])
+def test_quantized_cache_reads_back_what_attention_sees(kernel):
     rng = np.random.default_rng(2)
     D = 64
     with kittykv.Cache(1, 1, D, "kitty:group=8:sink=2:window=4", 4 << 20) as c:
+        if kernel == "scalar":
+            c.kernel = "scalar"
         s = c.add_sequence()
         K = rng.standard_normal((40, D), dtype=np.float32)
         V = rng.standard_normal((40, D), dtype=np.float32)
@@ -109,7 +112,15 @@ def test_quantized_cache_reads_back_what_attention_sees():
         q = rng.standard_normal(D, dtype=np.float32)
         out = c.attend(s, 0, q)
         k, v = c.read(s, 0, 0)
-        assert np.max(np.abs(out - _attn_ref(q, k, v))) < 1e-4
+        ref = _attn_ref(q, k, v)
+        if c.kernel == "scalar":  # the reference kernel: float rounding only
+            assert np.max(np.abs(out - ref)) < 1e-4
+        else:
+            # the AVX2/AVX-512 page kernels work in the integer domain (int8
+            # queries, uint8 weights); docs/RESULTS.md derives their bound and
+            # tests/test_kernels.c checks it: here the same 5% sanity tolerance
+            # of the value magnitude that its end-to-end check uses
+            assert np.max(np.abs(out - ref)) < 0.05 * np.max(np.abs(v))
         info = c.info(s, 0)
         assert info["len"] == 40 and info["sink"] == 2 and info["key_pages"] >= 4
         page = c.key_page(s, 0, 0, 0)
