@@ -111,6 +111,15 @@ kkv_status kkv_model_set_threadpool(kkv_model *m, kkv_threadpool *tp);
  * reference, where the rounding's step function makes trajectories drift. */
 kkv_status kkv_model_set_exact_matmul(kkv_model *m, int exact);
 
+/* Copies the string metadata value `key` of a fully loaded model's GGUF (e.g.
+ * "tokenizer.chat_template") into buf [cap], NUL-terminated; *n_out (may be
+ * NULL) gets its length without the NUL. KKV_ERR_NOT_FOUND if the key is
+ * missing or the model was loaded with kkv_model_load_vocab, KKV_ERR_FORMAT if
+ * it is not a string, KKV_ERR_INVALID_ARG (with *n_out = the length) if cap is
+ * too small. */
+kkv_status kkv_model_meta_str(const kkv_model *m, const char *key, char *buf, size_t cap,
+                              size_t *n_out);
+
 /* Observer of the attention inputs, for analysis tools: called for every token
  * and layer of every forward pass, after RoPE and before the token's K/V enter
  * the cache, in layer order and token order within a layer. q: [n_heads][D],

@@ -285,6 +285,27 @@ kkv_status kkv_model_load_vocab(kkv_model **out, const char *path, const char *p
     return KKV_OK;
 }
 
+kkv_status kkv_model_meta_str(const kkv_model *m, const char *key, char *buf, size_t cap,
+                              size_t *n_out) {
+    if (!m || !key || (!buf && cap))
+        return kkv_fail(KKV_ERR_INVALID_ARG, "meta_str: NULL argument");
+    if (!m->gguf)
+        return kkv_fail(KKV_ERR_NOT_FOUND, "meta_str: '%s': no metadata (vocabulary-only load)",
+                        key);
+    kkv_gguf_str v;
+    kkv_status s = kkv_gguf_get_str(m->gguf, key, &v);
+    if (s == KKV_ERR_NOT_FOUND)
+        return kkv_fail(KKV_ERR_NOT_FOUND, "meta_str: no metadata key '%s'", key);
+    if (s != KKV_OK) return kkv_fail(KKV_ERR_FORMAT, "meta_str: '%s' is not a string", key);
+    if (n_out) *n_out = (size_t)v.len;
+    if (v.len >= cap)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "meta_str: '%s' has %llu bytes, buffer holds %zu",
+                        key, (unsigned long long)v.len, cap ? cap - 1 : 0);
+    memcpy(buf, v.ptr, (size_t)v.len);
+    buf[v.len] = 0;
+    return KKV_OK;
+}
+
 kkv_status kkv_model_set_threadpool(kkv_model *m, kkv_threadpool *tp) {
     if (!m) return kkv_fail(KKV_ERR_INVALID_ARG, "set_threadpool: NULL model");
     m->tp = tp ? tp : m->tp_own;
