@@ -511,6 +511,31 @@ static void test_bad_args(const int32_t *prompt) {
     free(lg);
 }
 
+/* kkv_model_meta_str: a string key, its length on a short buffer, missing and
+ * non-string keys, a vocabulary-only handle. */
+static void test_meta_str(const char *path) {
+    char buf[64];
+    size_t n = 0;
+    CHECK(kkv_model_meta_str(g_m, "general.architecture", buf, sizeof buf, &n) == KKV_OK &&
+          !strcmp(buf, "llama") && n == 5, "meta_str architecture: '%s' (%zu)", buf, n);
+    n = 0;
+    CHECK(kkv_model_meta_str(g_m, "general.architecture", buf, 5, &n) == KKV_ERR_INVALID_ARG &&
+          n == 5, "meta_str short buffer gives the length (%zu)", n);
+    CHECK(kkv_model_meta_str(g_m, "tokenizer.chat_template", NULL, 0, &n) ==
+              KKV_ERR_INVALID_ARG && n > 0, "meta_str size query of the chat template");
+    CHECK(kkv_model_meta_str(g_m, "no.such.key", buf, sizeof buf, NULL) == KKV_ERR_NOT_FOUND,
+          "meta_str missing key");
+    CHECK(kkv_model_meta_str(g_m, "llama.block_count", buf, sizeof buf, NULL) ==
+              KKV_ERR_FORMAT, "meta_str non-string key");
+    CHECK(kkv_model_meta_str(NULL, "x", buf, sizeof buf, NULL) == KKV_ERR_INVALID_ARG,
+          "meta_str NULL model");
+    kkv_model *v = NULL;
+    if (kkv_model_load_vocab(&v, path, NULL) == KKV_OK)
+        CHECK(kkv_model_meta_str(v, "general.architecture", buf, sizeof buf, NULL) ==
+                  KKV_ERR_NOT_FOUND, "meta_str on a vocabulary-only handle");
+    kkv_model_free(v);
+}
+
 int main(void) {
     test_load_errors();
 
@@ -542,6 +567,7 @@ int main(void) {
         test_decode_batch(prompt);
         test_pool_full(prompt);
         test_bad_args(prompt);
+        test_meta_str(path);
     }
     free(prompt);
     kkv_model_free(g_m);

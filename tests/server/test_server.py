@@ -417,7 +417,7 @@ def soak(exe, model, seconds, env, log):
         while time.time() < stop_at and n < 10000:
             n += 1
             body = {"messages": [{"role": "user", "content": rnd.choice(PROMPTS)}],
-                    "max_tokens": rnd.randint(4, 48), "temperature": rnd.choice([0, 0.8]),
+                    "max_tokens": rnd.randint(2, 16), "temperature": rnd.choice([0, 0.8]),
                     "seed": rnd.randint(0, 99)}
             mode = rnd.random()
             try:

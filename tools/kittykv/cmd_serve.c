@@ -27,7 +27,7 @@ static void usage(FILE *f) {
             "  -t THREADS          threads (default: all cores)\n"
             "  --api-key KEY       require 'Authorization: Bearer KEY' on /v1/*\n"
             "  --parallel N        sequences decoded together at most (default 64)\n"
-            "  --queue N           requests waiting for KV memory at most (default 64)\n"
+            "  --queue N           requests waiting beyond the free batch slots (default 64)\n"
             "  --queue-timeout S   seconds a request may wait in the queue (default 30)\n"
             "  --chunk N           prompt tokens prefilled per step (default 64)\n"
             "  --body-limit KB     largest request body (default 1024)\n"

@@ -376,11 +376,11 @@ static void pend_event(stream_st *st, cJSON *j) {
     char *t = j ? cJSON_PrintUnformatted(j) : NULL;
     cJSON_Delete(j);
     if (!t) return;
-    size_t l = strlen(t), need = st->pend_n + l + 8;
+    size_t l = strlen(t), need = st->pend_n + l + 9; /* "data: " t "\n\n" NUL */
     char *p = realloc(st->pend, need);
     if (p) {
         st->pend = p;
-        st->pend_n += (size_t)sprintf(p + st->pend_n, "data: %s\n\n", t);
+        st->pend_n += (size_t)snprintf(p + st->pend_n, need - st->pend_n, "data: %s\n\n", t);
     }
     free(t);
 }
@@ -565,7 +565,6 @@ static enum MHD_Result completions(struct MHD_Connection *c, srv_http *h, conn_c
      * the request is out of the queue, so a rejection still gets its 503. */
     if (wait_req(s, r, fd, o.stream)) {
         srv_release(s, r);
-        srv_count_status(s, 499);
         return MHD_NO; /* the client left: drop the connection */
     }
     pthread_mutex_lock(&s->mu);

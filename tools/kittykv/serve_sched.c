@@ -77,7 +77,9 @@ int srv_submit(srv *s, srv_req *r, char *msg, size_t cap) {
     if (s->stopping) {
         snprintf(msg, cap, "the server is shutting down");
         status = 503;
-    } else if (s->n_queued >= s->queue_max) {
+    } else if (s->n_queued >= s->queue_max + (s->parallel - s->n_active)) {
+        /* the bound is on requests beyond the free batch slots: a burst into an
+         * idle server is not refused for arriving during a step */
         snprintf(msg, cap, "the wait queue is full (%d requests waiting for KV memory)",
                  s->n_queued);
         status = 503;
