@@ -29,7 +29,7 @@ static void usage(FILE *f) {
             "  --parallel N        sequences decoded together at most (default 64)\n"
             "  --queue N           requests waiting beyond the free batch slots (default 64)\n"
             "  --queue-timeout S   seconds a request may wait in the queue (default 30)\n"
-            "  --chunk N           prompt tokens prefilled per step (default 64)\n"
+            "  --chunk N           prompt tokens prefilled per step (default 16)\n"
             "  --body-limit KB     largest request body (default 1024)\n"
             "  --max-conn N        open connections at most (default 256)\n"
             "  --chat-template T   override the GGUF's template (known: chatml)\n",
@@ -53,7 +53,7 @@ static int parse(serve_opts *o, int argc, char **argv) {
     o->parallel = 64;
     o->queue = 64;
     o->queue_timeout = 30;
-    o->chunk = 64;
+    o->chunk = 16;
     o->body_kb = 1024;
     o->max_conn = 256;
     for (int i = 1; i < argc; i++) {
