@@ -83,14 +83,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Every public header wraps its declarations in KKV_BEGIN_DECLS/END_DECLS:
+ * C linkage for C++, and default visibility, so that the shared libraries
+ * (built with hidden visibility) export exactly the public declarations. */
+#if defined(__GNUC__) && !defined(KKV_NO_VISIBILITY)
+#define KKV_VISIBILITY_PUSH_ _Pragma("GCC visibility push(default)")
+#define KKV_VISIBILITY_POP_  _Pragma("GCC visibility pop")
+#else
+#define KKV_VISIBILITY_PUSH_
+#define KKV_VISIBILITY_POP_
+#endif
 #ifdef __cplusplus
-extern "C" {
+#define KKV_BEGIN_DECLS extern "C" { KKV_VISIBILITY_PUSH_
+#define KKV_END_DECLS   KKV_VISIBILITY_POP_ }
+#else
+#define KKV_BEGIN_DECLS KKV_VISIBILITY_PUSH_
+#define KKV_END_DECLS   KKV_VISIBILITY_POP_
 #endif
 
-/* Shared-library builds export exactly the declarations of the public headers. */
-#if defined(__GNUC__) && !defined(KKV_NO_VISIBILITY)
-#pragma GCC visibility push(default)
-#endif
+KKV_BEGIN_DECLS
 
 #define KKV_VERSION_MAJOR 0
 #define KKV_VERSION_MINOR 1
@@ -319,11 +330,5 @@ kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out);
 /* Bytes the pool still has free. */
 uint64_t   kkv_cache_free_bytes(const kkv_cache *c);
 
-#if defined(__GNUC__) && !defined(KKV_NO_VISIBILITY)
-#pragma GCC visibility pop
-#endif
-
-#ifdef __cplusplus
-}
-#endif
+KKV_END_DECLS
 #endif /* KITTYKV_H */

@@ -32,13 +32,7 @@
 
 #include "kittykv.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-#if defined(__GNUC__) && !defined(KKV_NO_VISIBILITY)
-#pragma GCC visibility push(default)
-#endif
+KKV_BEGIN_DECLS
 
 /* ---------------------------------------------------------------- kernels */
 
@@ -89,11 +83,5 @@ void       kkv_threadpool_run(kkv_threadpool *tp, int n_tasks, kkv_task_fn fn, v
  * depend on the pool. */
 kkv_status kkv_cache_set_threadpool(kkv_cache *c, kkv_threadpool *tp);
 
-#if defined(__GNUC__) && !defined(KKV_NO_VISIBILITY)
-#pragma GCC visibility pop
-#endif
-
-#ifdef __cplusplus
-}
-#endif
+KKV_END_DECLS
 #endif /* KITTYKV_CPU_H */

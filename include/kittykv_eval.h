@@ -50,13 +50,7 @@
 #include "kittykv.h"
 #include "kittykv_model.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-#if defined(__GNUC__) && !defined(KKV_NO_VISIBILITY)
-#pragma GCC visibility push(default)
-#endif
+KKV_BEGIN_DECLS
 
 /* ---------------------------------------------------------------- lock-step eval */
 
@@ -194,11 +188,5 @@ double kkv_kl(const double *p, const double *logp, const double *logq, int n);
  * (sorted[ceil(pct/100 * n) - 1]); sorts v in place. 0 for n = 0. */
 double kkv_percentile(double *v, long n, double pct);
 
-#if defined(__GNUC__) && !defined(KKV_NO_VISIBILITY)
-#pragma GCC visibility pop
-#endif
-
-#ifdef __cplusplus
-}
-#endif
+KKV_END_DECLS
 #endif /* KITTYKV_EVAL_H */

@@ -58,13 +58,7 @@
 #include "kittykv.h"
 #include "kittykv_cpu.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-#if defined(__GNUC__) && !defined(KKV_NO_VISIBILITY)
-#pragma GCC visibility push(default)
-#endif
+KKV_BEGIN_DECLS
 
 /* ---------------------------------------------------------------- model */
 
@@ -238,11 +232,5 @@ void       kkv_sampler_reset(kkv_sampler *s, uint64_t seed);
  * index (a NaN is never chosen over a number). */
 int32_t kkv_argmax(const float *x, int n);
 
-#if defined(__GNUC__) && !defined(KKV_NO_VISIBILITY)
-#pragma GCC visibility pop
-#endif
-
-#ifdef __cplusplus
-}
-#endif
+KKV_END_DECLS
 #endif /* KITTYKV_MODEL_H */

@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "kittykv.h"
+
 #define TU_SKIP 77
 
 /* [0] passed, [1] failed; one pair per test executable. */
@@ -48,7 +50,7 @@ static inline int tu_summary(void) {
     return tu_counts()[1] ? 1 : 0;
 }
 
-/* splitmix64: tiny, full-period, and identical everywhere. */
+/* The library's splitmix64 (kkv_rng_next): identical everywhere. */
 typedef struct tu_rng {
     uint64_t s;
 } tu_rng;
@@ -58,12 +60,7 @@ static inline tu_rng tu_rng_make(uint64_t seed) {
     return r;
 }
 
-static inline uint64_t tu_u64(tu_rng *r) {
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static inline uint64_t tu_u64(tu_rng *r) { return kkv_rng_next(&r->s); }
 
 /* Uniform integer in [0, n), n > 0 (modulo bias is irrelevant for tests). */
 static inline int tu_int(tu_rng *r, int n) { return (int)(tu_u64(r) % (uint64_t)n); }

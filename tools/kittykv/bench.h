@@ -45,7 +45,8 @@ typedef struct bench_opts {
     int         n_list;
     int         ctx;        /* serve: one context                      */
     kkv_method  methods[BENCH_MAX_METHODS];
-    const char *method_names[BENCH_MAX_METHODS];
+    const char *method_names[BENCH_MAX_METHODS]; /* specs, pointing into names_buf */
+    char        names_buf[512];
     int         n_methods;
     int         threads;    /* >= 1                                    */
     kkv_kernel  kernel;
@@ -59,12 +60,13 @@ typedef struct bench_opts {
 } bench_opts;
 
 /* Parses argv[1..] into o (defaults already set by the caller; o->cmd set).
- * usage(stdout) on --help. Returns 0 to run, -1 after --help, 2 on a usage
+ * On --help: the usage line, usage(stdout) (the description and defaults),
+ * then the options table generated from the admitted options. Returns 0 to run, -1 after --help, 2 on a usage
  * error (message printed). Methods are validated against head_dim 64 later
  * by kkv_method_check when the shape is known. */
 int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
                 void (*usage)(FILE *f));
-/* Sets o->methods from a comma-separated list of method names; 2 on error. */
+/* Sets o->methods from a comma-separated list of method specs; 2 on error. */
 int bench_set_methods(bench_opts *o, const char *list);
 
 /* The subcommands (cli/bench_*.c). Exit status as in cmd.h. */

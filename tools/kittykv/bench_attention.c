@@ -20,18 +20,11 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kittykv bench attention [options]\n"
             "Decode attention of one token over all layers (the default model's shapes:\n"
             "read from -m MODEL when present, else 30 layers, 9 query / 3 KV heads, D 64)\n"
             "over a cache filled with synthetic keys/values to each context.\n"
-            "  --ctx LIST        contexts in tokens (default 1024,4096,16384,32768)\n"
-            "  --methods LIST    (default fp16,kivi-k2v2,kitty,kitty-pro)\n"
-            "  -t THREADS        attention and read-test threads (default: all cores)\n"
-            "  --kernel K        auto|scalar|avx2|avx512 (default auto)\n"
-            "  --reps N          minimum timed repetitions per point (default 9)\n"
-            "  --bw-mb MB        read-test array size (default 256)\n"
-            "  -m MODEL          take the shapes from this GGUF\n"
-            "  --json            also print one JSON object on the last line\n");
+            "Defaults: --ctx 1024,4096,16384,32768  --methods fp16,kivi-k2v2,kitty,kitty-pro\n"
+            "          -t all cores (attention and read test)  --kernel auto  --reps 9  --bw-mb 256\n");
 }
 
 /* One token's attention over every layer. q: [L][n_q][D], out: [n_q][D]. */

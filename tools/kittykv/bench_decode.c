@@ -19,17 +19,12 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kittykv bench decode [options]\n"
             "Decode tokens/s of the model per KV method at each context depth. The context\n"
             "is synthetic K/V appended to every layer (prefill is not timed); each decode\n"
             "step runs the real model through kkv_model_forward.\n"
-            "  -m MODEL          GGUF (default: %s)\n"
-            "  --depth LIST      context depths in tokens (default 0,4096,16384,32768)\n"
-            "  --methods LIST    (default fp16,kivi-k2v2,kitty,kitty-pro)\n"
-            "  -n N              timed decode steps per method and depth (default 32)\n"
-            "  -t THREADS        matmul and attention threads (default: all cores)\n"
-            "  --kernel K        auto|scalar|avx2|avx512 attention kernel (default auto)\n"
-            "  --json            also print one JSON object on the last line\n",
+            "Defaults: --depth 0,4096,16384,32768  --methods fp16,kivi-k2v2,kitty,kitty-pro\n"
+            "          -n 32 timed decode steps per method and depth  -t all cores  --kernel auto\n"
+            "Default model: %s\n",
             cli_default_model());
 }
 

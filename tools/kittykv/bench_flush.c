@@ -23,16 +23,11 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kittykv bench flush [options]\n"
             "Cost of one page flush, its share of decode time, and per-token decode latency\n"
             "percentiles over a run that crosses many page boundaries.\n"
-            "  --method NAME     (default kitty)\n"
-            "  -n N              tokens (default 2048)\n"
-            "  -m MODEL          GGUF (default: %s); without it only part 1 runs\n"
-            "  -t THREADS        threads (default: all cores)\n"
-            "  --kernel K        auto|scalar|avx2|avx512 (default auto)\n"
-            "  --no-baseline     skip the interleaved fp16 noise-floor run\n"
-            "  --json            also print one JSON object on the last line\n",
+            "Defaults: --method kitty  -n 2048 tokens  -t all cores  --kernel auto;\n"
+            "without a model (-m) only part 1 runs.\n"
+            "Default model: %s\n",
             cli_default_model());
 }
 

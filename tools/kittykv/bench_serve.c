@@ -20,19 +20,13 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kittykv bench serve [options]\n"
             "Largest number of concurrent CTX-token sequences that fit a KV budget, per\n"
             "method (counted by reserving them until the pool is full), and the aggregate\n"
             "decode tokens/s of that batch (kkv_model_decode_batch; synthetic context).\n"
-            "  -m MODEL          GGUF (default: %s)\n"
-            "  --kv-budget MB    KV pool budget in MiB (default 1024)\n"
-            "  --ctx N           tokens per sequence (default 4096)\n"
-            "  --methods LIST    (default fp16,kivi-k2v2,kitty,kitty-pro)\n"
-            "  -n N              timed batch decode steps (default 16)\n"
-            "  --max-batch N     cap on the measured batch (default 64)\n"
-            "  -t THREADS        threads (default: all cores)\n"
-            "  --kernel K        auto|scalar|avx2|avx512 (default auto)\n"
-            "  --json            also print one JSON object on the last line\n",
+            "Defaults: --kv-budget 1024 MiB  -c 4096 tokens per sequence\n"
+            "          --methods fp16,kivi-k2v2,kitty,kitty-pro  -n 16 timed batch decode steps\n"
+            "          --max-batch 64  -t all cores  --kernel auto\n"
+            "Default model: %s\n",
             cli_default_model());
 }
 

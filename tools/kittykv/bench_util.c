@@ -10,45 +10,46 @@
 
 #include "bench.h"
 #include "kittykv_cpu.h"
+#include "opts.h"
 #include "util.h"
 
 /* ------------------------------------------------------------ options */
 
 int bench_set_methods(bench_opts *o, const char *list) {
-    o->n_methods = 0;
-    const char *p = list;
-    while (p && *p) {
-        char name[64];
-        size_t len = strcspn(p, ",");
-        if (len == 0 || len >= sizeof name || o->n_methods >= BENCH_MAX_METHODS) {
-            fprintf(stderr, "kittykv %s: bad method list '%s'\n", o->cmd, list);
-            return 2;
-        }
-        memcpy(name, p, len);
-        name[len] = 0;
-        int i = o->n_methods;
-        if (kkv_method_from_name(&o->methods[i], name) != KKV_OK) {
-            fprintf(stderr, "kittykv %s: unknown method '%s' (one of:", o->cmd, name);
-            for (const char *const *n = kkv_method_names(); *n; n++) fprintf(stderr, " %s", *n);
-            fprintf(stderr, ")\n");
-            return 2;
-        }
-        /* keep the library's constant name, not a pointer into argv */
-        for (const char *const *n = kkv_method_names(); *n; n++)
-            if (!strcmp(*n, name)) o->method_names[i] = *n;
-        for (int j = 0; j < i; j++)
-            if (!strcmp(o->method_names[j], name)) {
-                fprintf(stderr, "kittykv %s: method '%s' listed twice\n", o->cmd, name);
-                return 2;
-            }
-        o->n_methods++;
-        p += len;
-        if (*p == ',') p++;
-    }
-    if (o->n_methods == 0) {
-        fprintf(stderr, "kittykv %s: empty method list\n", o->cmd);
+    char err[512];
+    size_t len = strlen(list);
+    if (len >= sizeof o->names_buf) {
+        fprintf(stderr, "kittykv %s: method list too long\n", o->cmd);
         return 2;
     }
+    cli_spec *specs = malloc(BENCH_MAX_METHODS * sizeof *specs); /* [BENCH_MAX_METHODS] */
+    if (!specs) {
+        fprintf(stderr, "kittykv %s: out of memory\n", o->cmd);
+        return 2;
+    }
+    int n = cli_spec_list(specs, BENCH_MAX_METHODS, list, err, sizeof err);
+    if (n < 0) {
+        fprintf(stderr, "kittykv %s: %s\n", o->cmd, err);
+        free(specs);
+        return 2;
+    }
+    /* the spec texts, kept in o: names_buf holds them NUL-separated */
+    memcpy(o->names_buf, list, len + 1);
+    char *p = o->names_buf;
+    for (int i = 0; i < n; i++) {
+        if (specs[i].method.select == KKV_SELECT_EXPLICIT) {
+            fprintf(stderr, "kittykv %s: select=oracle needs channel rankings; only "
+                    "`kittykv analyze ablation` computes them\n", o->cmd);
+            free(specs);
+            return 2;
+        }
+        o->methods[i] = specs[i].method;
+        o->method_names[i] = p;
+        p += strcspn(p, ",");
+        if (*p) *p++ = 0;
+    }
+    o->n_methods = n;
+    free(specs);
     return 0;
 }
 
@@ -69,87 +70,90 @@ static int cmp_int(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* A sorted list of token counts for --ctx / --depth: 0 or 2. */
+static int parse_counts(bench_opts *o, const char *v, const char *opt) {
+    o->n_list = cli_int_list(o->list, BENCH_MAX_LIST, v, o->cmd, opt);
+    if (o->n_list < 0) return 2;
+    for (int j = 0; j < o->n_list; j++)
+        if (o->list[j] > (1 << 22)) {
+            fprintf(stderr, "kittykv %s: %s value %d is over 4194304\n", o->cmd, opt, o->list[j]);
+            return 2;
+        }
+    qsort(o->list, (size_t)o->n_list, sizeof o->list[0], cmp_int);
+    return 0;
+}
+
 int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
                 void (*usage)(FILE *f)) {
     const char *cmd = o->cmd;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        unsigned need = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return -1;
-        }
-        if (!strcmp(a, "--json")) {
-            o->json = 1;
-            continue;
-        }
-        if (!strcmp(a, "--no-baseline")) {
-            if (!(allowed & BO_BASELINE)) goto unknown;
-            o->baseline = 0;
-            continue;
-        }
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) need = BO_MODEL;
-        else if (!strcmp(a, "--ctx")) need = allowed & BO_CTX1 ? BO_CTX1 : BO_CTX;
-        else if (!strcmp(a, "--depth")) need = BO_DEPTH;
-        else if (!strcmp(a, "--methods")) need = BO_METHODS;
-        else if (!strcmp(a, "--method")) need = BO_METHOD;
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) need = BO_THREADS;
-        else if (!strcmp(a, "--kernel")) need = BO_KERNEL;
-        else if (!strcmp(a, "-n")) need = BO_N;
-        else if (!strcmp(a, "--kv-budget")) need = BO_BUDGET;
-        else if (!strcmp(a, "--reps")) need = BO_REPS;
-        else if (!strcmp(a, "--bw-mb")) need = BO_BW;
-        else if (!strcmp(a, "--max-batch")) need = BO_MAXBATCH;
-        if (!need || !(allowed & need)) goto unknown;
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kittykv %s: %s needs a value (see --help)\n", cmd, a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        int bad = 0;
-        switch (need) {
-        case BO_MODEL: o->model = v; o->model_given = 1; break;
-        case BO_CTX1: bad = cli_int(&o->ctx, v, 1, 1 << 22, cmd, a) != 0; break;
-        case BO_CTX:
-        case BO_DEPTH:
-            o->n_list = cli_int_list(o->list, BENCH_MAX_LIST, v, cmd, a);
-            bad = o->n_list < 0;
-            for (int j = 0; j < o->n_list && !bad; j++)
-                if (o->list[j] > (1 << 22)) {
-                    fprintf(stderr, "kittykv %s: %s value %d is over 4194304\n", cmd, a,
-                            o->list[j]);
-                    bad = 1;
-                }
-            if (!bad) qsort(o->list, (size_t)o->n_list, sizeof o->list[0], cmp_int);
-            break;
-        case BO_METHODS:
-        case BO_METHOD:
-            if (need == BO_METHOD && strchr(v, ',')) {
-                fprintf(stderr, "kittykv %s: --method takes one name\n", cmd);
-                return 2;
-            }
-            if (bench_set_methods(o, v)) return 2;
-            break;
-        case BO_THREADS: bad = cli_int(&o->threads, v, 1, 1024, cmd, a) != 0; break;
-        case BO_KERNEL: if (parse_kernel(&o->kernel, v, cmd)) return 2; break;
-        case BO_N: bad = cli_int(&o->n, v, 1, 1 << 22, cmd, a) != 0; break;
-        case BO_BUDGET: {
-            float mb;
-            bad = cli_float(&mb, v, 1.0, 1 << 20, cmd, a) != 0;
-            o->budget_mb = mb;
-            break;
-        }
-        case BO_REPS: bad = cli_int(&o->reps, v, 1, 100000, cmd, a) != 0; break;
-        case BO_BW: bad = cli_int(&o->bw_mb, v, 1, 1 << 16, cmd, a) != 0; break;
-        case BO_MAXBATCH: bad = cli_int(&o->max_batch, v, 1, 1 << 16, cmd, a) != 0; break;
-        default: bad = 1;
-        }
-        if (bad) return 2;
-        continue;
-    unknown:
-        fprintf(stderr, "kittykv %s: unknown option '%s' (see --help)\n", cmd, a);
+    const char *ctx_list = NULL, *depth_list = NULL, *methods = NULL, *method = NULL;
+    const char *kernel = NULL;
+    int threads_given = 0, no_baseline = 0;
+    float budget = (float)o->budget_mb;
+    /* Every bench option, each with the mask bit that admits it. */
+    const struct { unsigned bit; opt_def d; } all[] = {
+        {BO_MODEL, {'m', "model", OPT_STRING, 0, 0, &o->model, &o->model_given, "MODEL",
+                    "GGUF file to take the shapes (and weights) from"}},
+        {BO_CTX, {'c', "ctx-size|ctx", OPT_LIST, 0, 0, &ctx_list, NULL, "LIST",
+                  "contexts in tokens, comma-separated"}},
+        {BO_CTX1, {'c', "ctx-size|ctx", OPT_INT, 1, 1 << 22, &o->ctx, NULL, "N",
+                   "tokens per sequence"}},
+        {BO_DEPTH, {0, "depth", OPT_LIST, 0, 0, &depth_list, NULL, "LIST",
+                    "context depths in tokens, comma-separated"}},
+        {BO_METHODS, {0, "kv|methods", OPT_LIST, 0, 0, &methods, NULL, "LIST",
+                      "comma-separated method specs (kittykv eval --help)"}},
+        {BO_METHOD, {0, "kv|method", OPT_SPEC, 0, 0, &method, NULL, "SPEC",
+                     "one method spec (kittykv eval --help)"}},
+        {BO_THREADS, {'t', "threads", OPT_INT, 1, CLI_MAX_THREADS, &o->threads, &threads_given,
+                      "N", "threads, 1..256"}},
+        {BO_KERNEL, {0, "kernel", OPT_STRING, 0, 0, &kernel, NULL, "K",
+                     "attention kernel: auto|scalar|avx2|avx512"}},
+        {BO_N, {'n', "n-predict", OPT_INT, 1, 1 << 22, &o->n, NULL, "N",
+                "tokens / timed decode steps"}},
+        {BO_BUDGET, {0, "kv-budget", OPT_FLOAT, 1, 1 << 20, &budget, NULL, "MB",
+                     "KV pool budget in MiB"}},
+        {BO_REPS, {0, "reps", OPT_INT, 1, 100000, &o->reps, NULL, "N",
+                   "minimum timed repetitions per point"}},
+        {BO_BW, {0, "bw-mb", OPT_INT, 1, 1 << 16, &o->bw_mb, NULL, "MB",
+                 "read-test array size"}},
+        {BO_MAXBATCH, {0, "max-batch", OPT_INT, 1, 1 << 16, &o->max_batch, NULL, "N",
+                       "cap on the measured batch"}},
+        {BO_BASELINE, {0, "no-baseline", OPT_FLAG, 0, 0, &no_baseline, NULL, NULL,
+                       "skip the interleaved fp16 noise-floor run"}},
+        {~0u, {0, "json", OPT_FLAG, 0, 0, &o->json, NULL, NULL,
+               "also print one JSON object on the last line"}},
+    };
+    opt_def defs[sizeof all / sizeof all[0]];
+    int n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i].bit & allowed) defs[n++] = all[i].d;
+    char err[512];
+    int rc = opts_parse(cmd, defs, n, argc, argv, err, sizeof err);
+    if (rc == OPTS_HELP) {
+        printf("usage: kittykv %s [options]\n\n", cmd);
+        usage(stdout);
+        printf("\noptions:\n");
+        opts_help_options(stdout, defs, n);
+        return -1;
+    }
+    if (rc) {
+        fprintf(stderr, "%s\n", err);
         return 2;
     }
+    if (ctx_list && parse_counts(o, ctx_list, "--ctx-size")) return 2;
+    if (depth_list && parse_counts(o, depth_list, "--depth")) return 2;
+    if (methods && bench_set_methods(o, methods)) return 2;
+    if (method) {
+        if (strchr(method, ',')) {
+            fprintf(stderr, "kittykv %s: --method takes one spec\n", cmd);
+            return 2;
+        }
+        if (bench_set_methods(o, method)) return 2;
+    }
+    if (kernel && parse_kernel(&o->kernel, kernel, cmd)) return 2;
+    if (no_baseline) o->baseline = 0;
+    o->budget_mb = budget;
+    o->threads = cli_threads(threads_given ? o->threads : 0, cmd);
     return 0;
 }
 

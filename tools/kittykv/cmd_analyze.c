@@ -5,11 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "analyze.h"
 #include "cmd.h"
 #include "kittykv_eval.h"
 #include "plot.h"
+#include "opts.h"
 #include "util.h"
 
 #define CMD "analyze"
@@ -34,31 +36,10 @@ static const sub subs[] = {
 };
 #define N_SUBS (int)(sizeof subs / sizeof subs[0])
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: kittykv analyze SUBCOMMAND [options]\n\nsubcommands:\n");
+static void subs_help(FILE *f) {
+    fprintf(f, "usage: kittykv analyze SUBCOMMAND [options]   (kittykv analyze SUBCOMMAND "
+            "--help)\n\nsubcommands:\n");
     for (int i = 0; i < N_SUBS; i++) fprintf(f, "  %-12s %s\n", subs[i].name, subs[i].help);
-    fprintf(f,
-            "\noptions:\n"
-            "  -m MODEL        GGUF file (default: %s)\n"
-            "  -f TEXT         plain-text file (default: %s/data/handbook.txt)\n"
-            "  --out DIR       output folder, created if missing (default: analysis)\n"
-            "  --ctx N         tokens of the text (default 1024)\n"
-            "  --layer L       layer for heatmap/sensitivity (default: the middle one)\n"
-            "  --method SPEC   method for stability/layers (default kitty; specs as in\n"
-            "                  `kittykv eval --help`)\n"
-            "  --score-from P  ablation/layers: tokens before scoring starts (default 256)\n"
-            "  --chunk C       ablation: tokens per forward call (default 64; results are\n"
-            "                  bit-identical for every C, see `kittykv eval --help`)\n"
-            "  --alphas LIST   ablation alphas (default 0,0.0625,0.125,0.25,0.5,1)\n"
-            "  --selects LIST  ablation selections (default magnitude,variance,random,oracle;\n"
-            "                  oracle ranks each layer's and KV head's channels by the\n"
-            "                  sensitivity measure over the same --ctx tokens, fp16 cache)\n"
-            "  --calib-from P  ablation: the oracle calibrates on tokens P..P+ctx-1\n"
-            "                  (default 0: the scored text itself, an in-sample oracle)\n"
-            "  --positions K   layers: scored positions, evenly spaced (default 8)\n"
-            "  -t T            threads (default 0 = all cores)\n"
-            "\nFiles (in DIR): <sub>.csv, <sub>.json and <sub>*.png (PNG through gnuplot).\n",
-            cli_default_model(), KKV_SOURCE_DIR);
 }
 
 static int parse(an_opts *o, int argc, char **argv) {
@@ -73,51 +54,103 @@ static int parse(an_opts *o, int argc, char **argv) {
     o->alphas = "0,0.0625,0.125,0.25,0.5,1";
     o->selects = "magnitude,variance,random,oracle";
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage(argc < 2 ? stderr : stdout);
+        subs_help(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : -1;
     }
     o->sub = argv[1];
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return -1;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kittykv " CMD ": %s needs a value (see --help)\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->text = v;
-        else if (!strcmp(a, "--out")) o->out = v;
-        else if (!strcmp(a, "--method")) o->method = v;
-        else if (!strcmp(a, "--alphas")) o->alphas = v;
-        else if (!strcmp(a, "--selects")) o->selects = v;
-        else if (!strcmp(a, "--ctx")) {
-            if (cli_int(&o->ctx, v, 2, 1 << 22, CMD, a)) return 2;
-        } else if (!strcmp(a, "--layer")) {
-            if (cli_int(&o->layer, v, 0, 4095, CMD, a)) return 2;
-        } else if (!strcmp(a, "--score-from")) {
-            if (cli_int(&o->score_from, v, 1, 1 << 22, CMD, a)) return 2;
-        } else if (!strcmp(a, "--chunk")) {
-            if (cli_int(&o->chunk, v, 1, 4096, CMD, a)) return 2;
-        } else if (!strcmp(a, "--calib-from")) {
-            if (cli_int(&o->calib_from, v, 0, 1 << 22, CMD, a)) return 2;
-        } else if (!strcmp(a, "--positions")) {
-            if (cli_int(&o->positions, v, 1, 4096, CMD, a)) return 2;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (cli_int(&o->threads, v, 0, 1024, CMD, a)) return 2;
-        } else {
-            fprintf(stderr, "kittykv " CMD ": unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
+    const sub *s = NULL;
+    for (int i = 0; i < N_SUBS; i++)
+        if (!strcmp(o->sub, subs[i].name)) s = &subs[i];
+    if (!s) {
+        fprintf(stderr, "kittykv " CMD ": unknown subcommand '%s' (see kittykv analyze --help)\n",
+                o->sub);
+        return 2;
     }
+    const opt_def defs[] = {
+        {'m', "model", OPT_STRING, 0, 0, &o->model, NULL, "MODEL",
+         "GGUF file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf or $KKV_MODEL)"},
+        {'f', "file", OPT_STRING, 0, 0, &o->text, NULL, "TEXT",
+         "plain-text file (default: data/handbook.txt)"},
+        {'o', "out", OPT_STRING, 0, 0, &o->out, NULL, "DIR",
+         "output folder, created if missing (default: analysis)"},
+        {'c', "ctx-size|ctx", OPT_INT, 2, 1 << 22, &o->ctx, NULL, "N",
+         "tokens of the text (default 1024)"},
+        {0, "layer", OPT_INT, 0, 4095, &o->layer, NULL, "L",
+         "layer for heatmap/sensitivity (default: the middle one)"},
+        {0, "kv|method", OPT_SPEC, 0, 0, &o->method, NULL, "SPEC",
+         "method for stability/layers (default kitty; specs as in\n"
+         "`kittykv eval --help`)"},
+        {0, "score-from", OPT_INT, 1, 1 << 22, &o->score_from, NULL, "P",
+         "ablation/layers: tokens before scoring starts (default 256)"},
+        {0, "chunk", OPT_INT, 1, 4096, &o->chunk, NULL, "C",
+         "ablation: tokens per forward call (default 64; results are\n"
+         "bit-identical for every C, see `kittykv eval --help`)"},
+        {0, "alphas", OPT_LIST, 0, 0, &o->alphas, NULL, "LIST",
+         "ablation alphas (default 0,0.0625,0.125,0.25,0.5,1)"},
+        {0, "selects", OPT_LIST, 0, 0, &o->selects, NULL, "LIST",
+         "ablation selections (default magnitude,variance,random,oracle;\n"
+         "oracle ranks each layer's and KV head's channels by the\n"
+         "sensitivity measure over the same --ctx tokens, fp16 cache)"},
+        {0, "calib-from", OPT_INT, 0, 1 << 22, &o->calib_from, NULL, "P",
+         "ablation: the oracle calibrates on tokens P..P+ctx-1\n"
+         "(default 0: the scored text itself, an in-sample oracle)"},
+        {0, "positions", OPT_INT, 1, 4096, &o->positions, NULL, "K",
+         "layers: scored positions, evenly spaced (default 8)"},
+        {'t', "threads", OPT_INT, 1, CLI_MAX_THREADS, &o->threads, NULL, "N",
+         "threads, 1..256 (default: all cores)"},
+    };
+    char cmd[64], synopsis[160];
+    snprintf(cmd, sizeof cmd, CMD " %s", s->name);
+    snprintf(synopsis, sizeof synopsis, "[options]\n\n%s", s->help);
+    int rc = opts_run(cmd, synopsis, defs, OPTS_N(defs),
+                      "Files (in DIR): <sub>.csv, <sub>.json and <sub>*.png (PNG through "
+                      "gnuplot).\n", argc - 1, argv + 1);
+    if (rc) return rc;
     if (!o->model) o->model = cli_default_model();
     if (!o->text) o->text = KKV_SOURCE_DIR "/data/handbook.txt";
     if (!plot_path_ok(o->out)) {
         fprintf(stderr, "kittykv " CMD ": --out must not contain quotes or newlines\n");
         return 2;
+    }
+    return 0;
+}
+
+/* Makes sure the outputs can be written before anything is computed: --out
+ * is (or becomes) a folder a file can be created in, and the fixed-name files
+ * of subcommand name that already exist there are writable regular files. 0, or 1 after
+ * printing why. */
+static int check_outputs(const char *out, const char *name) {
+    struct stat st;
+    if (mkdir(out, 0777) && errno != EEXIST) {
+        fprintf(stderr, "kittykv " CMD ": cannot create '%s': %s\n", out, strerror(errno));
+        return 1;
+    }
+    if (stat(out, &st) || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "kittykv " CMD ": --out '%s' is not a folder\n", out);
+        return 1;
+    }
+    char path[4096];
+    /* a real file creation: access() misses read-only mounts and ACLs */
+    if (snprintf(path, sizeof path, "%s/.kittykv-write-test-XXXXXX", out) >= (int)sizeof path) {
+        fprintf(stderr, "kittykv " CMD ": output path too long\n");
+        return 1;
+    }
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        fprintf(stderr, "kittykv " CMD ": cannot write in '%s': %s\n", out, strerror(errno));
+        return 1;
+    }
+    close(fd);
+    unlink(path);
+    static const char *const ext[] = {".csv", ".json", ".png", "_layers.csv"};
+    for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s%s", out, name, ext[i]);
+        if (stat(path, &st)) continue;
+        if (!S_ISREG(st.st_mode) || access(path, W_OK)) {
+            fprintf(stderr, "kittykv " CMD ": cannot write '%s': %s\n", path,
+                    S_ISREG(st.st_mode) ? strerror(errno) : "not a regular file");
+            return 1;
+        }
     }
     return 0;
 }
@@ -171,20 +204,15 @@ int cmd_analyze(int argc, char **argv) {
     const sub *s = NULL;
     for (int i = 0; i < N_SUBS; i++)
         if (!strcmp(a.o.sub, subs[i].name)) s = &subs[i];
-    if (!s) {
-        fprintf(stderr, "kittykv " CMD ": unknown subcommand '%s' (see --help)\n", a.o.sub);
-        return 2;
-    }
-    if (mkdir(a.o.out, 0777) && errno != EEXIST) {
-        fprintf(stderr, "kittykv " CMD ": cannot create '%s': %s\n", a.o.out, strerror(errno));
-        return 1;
-    }
+    if (check_outputs(a.o.out, a.o.sub)) return 1;
     rc = 1;
     char err[512];
-    if (kkv_model_load(&a.m, a.o.model, a.o.threads) != KKV_OK) {
+    a.o.threads = cli_threads(a.o.threads, CMD);
+    if (kkv_threadpool_create(&a.tp, a.o.threads) != KKV_OK) {
         fprintf(stderr, "kittykv " CMD ": %s\n", kkv_last_error());
         goto done;
     }
+    if (cli_model_load(&a.m, a.o.model, a.tp, CMD)) goto done;
     kkv_model_get_info(a.m, &a.info);
     if (a.o.layer < 0) a.o.layer = a.info.n_layers / 2;
     if (a.o.layer >= a.info.n_layers) {
@@ -199,7 +227,7 @@ int cmd_analyze(int argc, char **argv) {
         goto done;
     }
     if (a.n_tokens < a.o.ctx) {
-        fprintf(stderr, "kittykv " CMD ": '%s' has %d tokens, fewer than --ctx %d\n", a.o.text,
+        fprintf(stderr, "kittykv " CMD ": '%s' has %d tokens, fewer than --ctx-size %d\n", a.o.text,
                 a.n_tokens, a.o.ctx);
         goto done;
     }
@@ -212,5 +240,6 @@ int cmd_analyze(int argc, char **argv) {
 done:
     free(a.tokens);
     kkv_model_free(a.m);
+    kkv_threadpool_free(a.tp);
     return rc;
 }

@@ -8,6 +8,8 @@
 #include "cmd.h"
 #include "kittykv_eval.h"
 #include "kittykv.h"
+#include "kittykv_cpu.h"
+#include "opts.h"
 #include "util.h"
 
 #define CMD "eval"
@@ -17,75 +19,51 @@
 #define KKV_SOURCE_DIR "."
 #endif
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kittykv eval [-m MODEL] [-f TEXT] [--ctx N] [--score-from P]\n"
-            "                    [--methods LIST] [--chunk C] [-t T] [--json]\n"
-            "  -m MODEL         GGUF file (default: %s)\n"
-            "  -f TEXT          plain-text file (default: %s/data/handbook.txt)\n"
-            "  --ctx N          tokens of the text to use (default 4096)\n"
-            "  --score-from P   tokens prefilled before scoring starts (default 256);\n"
-            "                   the N-P predictions after them are scored\n"
-            "  --methods LIST   comma-separated method specs (default: all eight). fp16\n"
-            "                   always runs as the reference; the spec \"fp16\" reports it.\n"
-            "  --chunk C        tokens per forward call while scoring (default 1 = one\n"
-            "                   decode step per token). Every token attends to the cache as\n"
-            "                   stored whatever C is, and the logits are bit-identical for\n"
-            "                   every C (the forward pass is chunking invariant); larger C\n"
-            "                   only batches the matmuls and runs faster.\n"
-            "  -t T             threads (default 0 = all cores)\n"
-            "  --json           also print one JSON object on the last line of stdout\n"
-            "\n"
-            "A method spec is a method name with optional ':key=value' overrides:\n"
-            "  alpha=F  select=magnitude|variance|random  seed=N  sink=N  group=N\n"
-            "  window=N vbits=2|4          e.g. kitty:alpha=0.5:select=random:seed=3\n"
-            "Methods:",
-            cli_default_model(), KKV_SOURCE_DIR);
-    for (const char *const *n = kkv_method_names(); *n; n++) fprintf(f, " %s", *n);
-    fprintf(f, "\n\nKL is KL(p_fp16 || p_method) in nats per position, computed in double over\n"
-               "the whole vocabulary; p99 is the nearest-rank 99th percentile.\n");
-}
-
 typedef struct opts {
     const char *model, *text, *methods;
     int         ctx, score_from, chunk, threads, json;
 } opts;
 
+static const char *const SYNOPSIS =
+    "[-m MODEL] [-f TEXT] [-c N] [--score-from P] [--kv LIST] [--chunk C] [-t T] [--json]";
+static const char *const EPILOG =
+    "A method spec is a method name with optional ':key=value' overrides:\n"
+    "  alpha=F  select=magnitude|variance|random  seed=N  sink=N  group=N\n"
+    "  window=N vbits=2|4          e.g. kitty:alpha=0.5:select=random:seed=3\n"
+    "Options a method ignores are errors (fp16 takes only group).\n"
+    "\nKL is KL(p_fp16 || p_method) in nats per position, computed in double over\n"
+    "the whole vocabulary; p99 is the nearest-rank 99th percentile.\n";
+
 static int parse(opts *o, int argc, char **argv) {
     *o = (opts){.ctx = 4096, .score_from = 256, .chunk = 1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return -1;
-        }
-        if (!strcmp(a, "--json")) {
-            o->json = 1;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kittykv " CMD ": %s needs a value (see --help)\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->text = v;
-        else if (!strcmp(a, "--methods")) o->methods = v;
-        else if (!strcmp(a, "--ctx")) {
-            if (cli_int(&o->ctx, v, 2, 1 << 22, CMD, a)) return 2;
-        } else if (!strcmp(a, "--score-from")) {
-            if (cli_int(&o->score_from, v, 1, 1 << 22, CMD, a)) return 2;
-        } else if (!strcmp(a, "--chunk")) {
-            if (cli_int(&o->chunk, v, 1, 4096, CMD, a)) return 2;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (cli_int(&o->threads, v, 0, 1024, CMD, a)) return 2;
-        } else {
-            fprintf(stderr, "kittykv " CMD ": unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
-    }
+    const opt_def defs[] = {
+        {'m', "model", OPT_STRING, 0, 0, &o->model, NULL, "MODEL",
+         "GGUF file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf or $KKV_MODEL)"},
+        {'f', "file", OPT_STRING, 0, 0, &o->text, NULL, "TEXT",
+         "plain-text file (default: data/handbook.txt)"},
+        {'c', "ctx-size|ctx", OPT_INT, 2, 1 << 22, &o->ctx, NULL, "N",
+         "tokens of the text to use (default 4096)"},
+        {0, "score-from", OPT_INT, 1, 1 << 22, &o->score_from, NULL, "P",
+         "tokens prefilled before scoring starts (default 256);\n"
+         "the N-P predictions after them are scored"},
+        {0, "kv|methods", OPT_LIST, 0, 0, &o->methods, NULL, "LIST",
+         "comma-separated method specs (default: all eight). fp16\n"
+         "always runs as the reference; the spec \"fp16\" reports it."},
+        {0, "chunk", OPT_INT, 1, 4096, &o->chunk, NULL, "C",
+         "tokens per forward call while scoring (default 1 = one\n"
+         "decode step per token). Every token attends to the cache as\n"
+         "stored whatever C is, and the logits are bit-identical for\n"
+         "every C (the forward pass is chunking invariant); larger C\n"
+         "only batches the matmuls and runs faster."},
+        {'t', "threads", OPT_INT, 1, CLI_MAX_THREADS, &o->threads, NULL, "N",
+         "threads, 1..256 (default: all cores)"},
+        {0, "json", OPT_FLAG, 0, 0, &o->json, NULL, NULL,
+         "also print one JSON object on the last line of stdout"},
+    };
+    int rc = opts_run(CMD, SYNOPSIS, defs, OPTS_N(defs), EPILOG, argc, argv);
+    if (rc) return rc;
     if (o->score_from >= o->ctx) {
-        fprintf(stderr, "kittykv " CMD ": --score-from (%d) must be below --ctx (%d)\n",
+        fprintf(stderr, "kittykv " CMD ": --score-from (%d) must be below --ctx-size (%d)\n",
                 o->score_from, o->ctx);
         return 2;
     }
@@ -144,12 +122,12 @@ int cmd_eval(int argc, char **argv) {
     if (o.methods) {
         n_specs = cli_spec_list(specs, MAX_SPECS, o.methods, err, sizeof err);
         if (n_specs < 0) {
-            fprintf(stderr, "kittykv " CMD ": --methods: %s\n", err);
+            fprintf(stderr, "kittykv " CMD ": --kv: %s\n", err);
             return 2;
         }
         for (int i = 0; i < n_specs; i++)
             if (specs[i].method.select == KKV_SELECT_EXPLICIT) {
-                fprintf(stderr, "kittykv " CMD ": --methods: select=oracle needs channel "
+                fprintf(stderr, "kittykv " CMD ": --kv: select=oracle needs channel "
                         "rankings; only `kittykv analyze ablation` computes them\n");
                 return 2;
             }
@@ -159,15 +137,18 @@ int cmd_eval(int argc, char **argv) {
             cli_spec_parse(&specs[n_specs++], *nm, err, sizeof err);
     }
 
+    o.threads = cli_threads(o.threads, CMD);
+    kkv_threadpool *tp = NULL; /* the model's matmuls; each method's cache has its own */
     kkv_model *m = NULL;
     int32_t *tokens = NULL;
     kkv_eval_result res[MAX_SPECS], ref;
     memset(res, 0, sizeof res);
     rc = 1;
-    if (kkv_model_load(&m, o.model, o.threads) != KKV_OK) {
+    if (kkv_threadpool_create(&tp, o.threads) != KKV_OK) {
         fprintf(stderr, "kittykv " CMD ": %s\n", kkv_last_error());
         goto done;
     }
+    if (cli_model_load(&m, o.model, tp, CMD)) goto done;
     kkv_model_info info;
     kkv_model_get_info(m, &info);
     int n_tok;
@@ -176,7 +157,7 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     if (n_tok < o.ctx) {
-        fprintf(stderr, "kittykv " CMD ": '%s' has %d tokens, fewer than --ctx %d\n", o.text,
+        fprintf(stderr, "kittykv " CMD ": '%s' has %d tokens, fewer than --ctx-size %d\n", o.text,
                 n_tok, o.ctx);
         goto done;
     }
@@ -193,5 +174,6 @@ done:
     kkv_eval_results_free(res, n_specs);
     free(tokens);
     kkv_model_free(m);
+    kkv_threadpool_free(tp);
     return rc;
 }

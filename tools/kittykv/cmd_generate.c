@@ -13,6 +13,8 @@
 #include "kittykv.h"
 #include "kittykv_eval.h"
 #include "kittykv_model.h"
+#include "kittykv_cpu.h"
+#include "opts.h"
 #include "util.h"
 
 #define CMD "generate"
@@ -21,34 +23,6 @@
 static const char *const CHAT_TEMPLATE =
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
     "Face<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n";
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kittykv generate [-m MODEL] -p PROMPT [options]\n"
-            "  -m MODEL       GGUF file (default: %s)\n"
-            "  -p PROMPT      prompt text, or @FILE to read it from a file\n"
-            "  -n N           tokens to generate (default 128)\n"
-            "  --kv METHOD    KV cache method (default kitty):",
-            cli_default_model());
-    for (const char *const *n = kkv_method_names(); *n; n++) fprintf(f, " %s", *n);
-    fprintf(f,
-            "\n"
-            "  --compare LIST comma-separated methods (e.g. fp16,kitty): decode the prompt\n"
-            "                 greedily with each, one cache per method, in one process;\n"
-            "                 print each continuation, then a table: tokens, agreement\n"
-            "                 with the first method (leading run of equal ids, and equal\n"
-            "                 ids at equal positions), KV bytes, bits/element, bytes as a\n"
-            "                 fraction of fp16, prefill and decode tok/s. Implies --temp 0;\n"
-            "                 not with --kv, --alpha or --temp > 0\n"
-            "  --alpha A      override the method's boost fraction, in [0, 1]\n"
-            "  --temp T       sampling temperature (default 0 = greedy, deterministic)\n"
-            "  --top-p P      nucleus sampling mass, (0, 1] (default 0.95)\n"
-            "  --seed S       sampler seed (default 42)\n"
-            "  -t THREADS     threads (default 0 = all cores)\n"
-            "  -c CTX         context limit of the sequence in tokens (default 8192)\n"
-            "  --kv-budget MB KV pool budget per cache (default: exactly what CTX tokens need)\n"
-            "  --chat         wrap the prompt in the ChatML template of SmolLM2\n");
-}
 
 /* Options. Four are for tests and left out of --help:
  *   --prompt-ids LIST  comma-separated token ids instead of -p text
@@ -61,139 +35,96 @@ static void usage(FILE *f) {
 typedef struct opts {
     const char *model;
     const char *prompt;
+    const char *file;       /* -f: the prompt from a file (as -p @FILE) */
     const char *prompt_ids; /* hidden: comma-separated ids instead of text */
     const char *ids_out;    /* hidden: write generated ids here */
     const char *logits_out; /* hidden: float32 logits of the last prompt token */
     const char *kv;
     const char *compare;    /* --compare LIST as given, or NULL */
-    const char *methods[MAX_COMPARE]; /* [n_methods] names, pointing into names_buf */
-    char        names_buf[256];
+    cli_spec    specs[MAX_COMPARE]; /* [n_methods] --kv (with --alpha) or --compare */
     int         n_methods;  /* 1 without --compare */
     int         n_gen, threads, ctx, chat, have_alpha, have_budget, have_kv;
     int         exact_matmul; /* hidden: --exact-matmul */
-    float       alpha, temp, top_p;
-    double      budget_mb;
+    float       alpha, temp, top_p, min_p, repeat_penalty, budget_mb;
+    int         top_k, repeat_last_n, have_temp;
     uint64_t    seed;
 } opts;
 
-static void print_method_names(FILE *f) {
-    for (const char *const *n = kkv_method_names(); *n; n++) fprintf(f, " %s", *n);
+static const char *const SYNOPSIS = "[-m MODEL] (-p PROMPT | -f FILE) [options]";
+static const char *const EPILOG =
+    "--kv and --compare take method specs: a name with optional ':key=value'\n"
+    "overrides, as in `kittykv eval --help` (e.g. kitty:alpha=0.5:select=random).\n"
+    "Sampling is greedy (deterministic) unless --temp > 0.\n";
+
+/* The table; o's fields are its targets. n_defs gets the count. */
+static int defs_of(opt_def *d, opts *o) {
+    const opt_def t[] = {
+        {'m', "model", OPT_STRING, 0, 0, &o->model, NULL, "MODEL",
+         "GGUF file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf or $KKV_MODEL)"},
+        {'p', "prompt", OPT_STRING, 0, 0, &o->prompt, NULL, "PROMPT",
+         "prompt text, or @FILE to read it from a file"},
+        {'f', "file", OPT_STRING, 0, 0, &o->file, NULL, "FILE", "read the prompt from FILE"},
+        {'n', "n-predict", OPT_INT, 0, 1 << 24, &o->n_gen, NULL, "N",
+         "tokens to generate (default 128)"},
+        {0, "kv", OPT_SPEC, 0, 0, &o->kv, &o->have_kv, "SPEC",
+         "KV cache method spec (default kitty)"},
+        {0, "compare", OPT_LIST, 0, 0, &o->compare, NULL, "LIST",
+         "comma-separated method specs (e.g. fp16,kitty): decode the prompt\n"
+         "greedily with each, one cache per method, in one process;\n"
+         "print each continuation, then a table: tokens, agreement\n"
+         "with the first method (leading run of equal ids, and equal\n"
+         "ids at equal positions), KV bytes, bits/element, bytes as a\n"
+         "fraction of fp16, prefill and decode tok/s. Implies --temp 0;\n"
+         "not with --kv, --alpha or --temp > 0"},
+        {0, "alpha", OPT_FLOAT, 0, 1, &o->alpha, &o->have_alpha, "A",
+         "the method's boost fraction in [0, 1] (same as SPEC:alpha=A;\n"
+         "an error for a method that has none, such as fp16)"},
+        {0, "temp", OPT_FLOAT, 0, 100, &o->temp, &o->have_temp, "T",
+         "sampling temperature (default 0 = greedy, deterministic)"},
+        {0, "top-k", OPT_INT, 0, 1 << 30, &o->top_k, NULL, "K",
+         "keep the K most likely tokens (default 0 = off)"},
+        {0, "top-p", OPT_FLOAT, 1e-6, 1, &o->top_p, NULL, "P",
+         "nucleus sampling mass, (0, 1] (default 0.95)"},
+        {0, "min-p", OPT_FLOAT, 0, 0.999999, &o->min_p, NULL, "P",
+         "drop tokens below P times the top one's probability (default 0)"},
+        {0, "repeat-penalty", OPT_FLOAT, 1, 100, &o->repeat_penalty, NULL, "R",
+         "penalty of recent tokens, >= 1 (default 1 = off)"},
+        {0, "repeat-last-n", OPT_INT, 0, 1 << 20, &o->repeat_last_n, NULL, "N",
+         "tokens of history the penalty looks at (default 64)"},
+        {'s', "seed", OPT_U64, 0, 18446744073709551615.0, &o->seed, NULL, "S",
+         "sampler seed (default 42)"},
+        {'t', "threads", OPT_INT, 1, CLI_MAX_THREADS, &o->threads, NULL, "N",
+         "threads, 1..256 (default: all cores); one pool shared by the\n"
+         "model and every cache"},
+        {'c', "ctx-size|ctx", OPT_INT, 1, 1 << 24, &o->ctx, NULL, "N",
+         "context limit of the sequence in tokens (default 8192)"},
+        {0, "kv-budget", OPT_FLOAT, 0.001, 1 << 24, &o->budget_mb, &o->have_budget, "MB",
+         "KV pool budget per cache (default: exactly what -c tokens need)"},
+        {0, "chat", OPT_FLAG, 0, 0, &o->chat, NULL, NULL,
+         "wrap the prompt in the ChatML template of SmolLM2"},
+        {0, "prompt-ids", OPT_LIST, 0, 0, &o->prompt_ids, NULL, "LIST", NULL},
+        {0, "ids-out", OPT_STRING, 0, 0, &o->ids_out, NULL, "FILE", NULL},
+        {0, "logits-out", OPT_STRING, 0, 0, &o->logits_out, NULL, "FILE", NULL},
+        {0, "exact-matmul", OPT_FLAG, 0, 0, &o->exact_matmul, NULL, NULL, NULL},
+    };
+    memcpy(d, t, sizeof t);
+    return OPTS_N(t);
 }
 
-/* Splits --compare's list into o->methods. Returns 0 or 2 (usage error). */
-static int parse_compare(opts *o) {
-    size_t len = strlen(o->compare);
-    if (len >= sizeof o->names_buf) {
-        fprintf(stderr, "kittykv " CMD ": --compare list too long\n");
-        return 2;
-    }
-    memcpy(o->names_buf, o->compare, len + 1);
-    o->n_methods = 0;
-    char *p = o->names_buf;
-    for (;;) {
-        char *comma = strchr(p, ',');
-        if (comma) *comma = '\0';
-        kkv_method m;
-        if (!*p || kkv_method_from_name(&m, p) != KKV_OK) {
-            fprintf(stderr, "kittykv " CMD ": --compare: unknown method '%s' (one of:", p);
-            print_method_names(stderr);
-            fprintf(stderr, ")\n");
-            return 2;
-        }
-        if (o->n_methods == MAX_COMPARE) {
-            fprintf(stderr, "kittykv " CMD ": --compare takes at most %d methods\n",
-                    MAX_COMPARE);
-            return 2;
-        }
-        o->methods[o->n_methods++] = p;
-        if (!comma) break;
-        p = comma + 1;
-    }
-    return 0;
-}
-
-/* Returns 0, or the exit status (2 usage, 0 for --help) to stop with. */
+/* Returns 0, or the exit status (2 usage, -1 for --help) to stop with. */
 static int parse(opts *o, int argc, char **argv) {
     *o = (opts){.model = NULL, .kv = "kitty", .n_gen = 128, .ctx = 8192, .temp = 0.0f,
-                .top_p = 0.95f, .seed = 42};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return -1;
-        }
-        if (!strcmp(a, "--chat")) {
-            o->chat = 1;
-            continue;
-        }
-        if (!strcmp(a, "--exact-matmul")) {
-            o->exact_matmul = 1;
-            continue;
-        }
-        static const char *const with_value[] = {
-            "-m", "--model", "-p", "--prompt", "--prompt-ids", "--ids-out", "--logits-out",
-            "--kv", "--compare", "-n", "-t", "--threads", "-c", "--ctx", "--alpha", "--temp",
-            "--top-p", "--seed", "--kv-budget", NULL};
-        int known = 0;
-        for (const char *const *w = with_value; *w; w++) known |= !strcmp(a, *w);
-        if (!known) {
-            fprintf(stderr, "kittykv " CMD ": unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kittykv " CMD ": %s needs a value (see --help)\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
-        else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
-        else if (!strcmp(a, "--ids-out")) o->ids_out = v;
-        else if (!strcmp(a, "--logits-out")) o->logits_out = v;
-        else if (!strcmp(a, "--kv")) {
-            o->kv = v;
-            o->have_kv = 1;
-        } else if (!strcmp(a, "--compare")) o->compare = v;
-        else if (!strcmp(a, "-n")) {
-            if (cli_int(&o->n_gen, v, 0, 1 << 24, CMD, a)) return 2;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (cli_int(&o->threads, v, 0, 1024, CMD, a)) return 2;
-        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
-            if (cli_int(&o->ctx, v, 1, 1 << 24, CMD, a)) return 2;
-        } else if (!strcmp(a, "--alpha")) {
-            if (cli_float(&o->alpha, v, 0.0, 1.0, CMD, a)) return 2;
-            o->have_alpha = 1;
-        } else if (!strcmp(a, "--temp")) {
-            if (cli_float(&o->temp, v, 0.0, 100.0, CMD, a)) return 2;
-        } else if (!strcmp(a, "--top-p")) {
-            if (cli_float(&o->top_p, v, 1e-6, 1.0, CMD, a)) return 2;
-        } else if (!strcmp(a, "--seed")) {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (!*v || *end || errno || *v == '-') {
-                fprintf(stderr, "kittykv " CMD ": bad value for --seed: '%s'\n", v);
-                return 2;
-            }
-            o->seed = (uint64_t)s;
-        } else if (!strcmp(a, "--kv-budget")) {
-            float mb;
-            if (cli_float(&mb, v, 0.001, 1 << 24, CMD, a)) return 2;
-            o->budget_mb = mb;
-            o->have_budget = 1;
-        } else {
-            fprintf(stderr, "kittykv " CMD ": unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
-    }
-    if (!o->prompt && !o->prompt_ids) {
-        fprintf(stderr, "kittykv " CMD ": -p PROMPT is required (see --help)\n");
+                .top_p = 0.95f, .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = 42};
+    opt_def defs[32];
+    int n_defs = defs_of(defs, o);
+    int rc = opts_run(CMD, SYNOPSIS, defs, n_defs, EPILOG, argc, argv);
+    if (rc) return rc;
+    if (!!o->prompt + !!o->file + !!o->prompt_ids != 1) {
+        fprintf(stderr, "kittykv " CMD ": give exactly one of -p PROMPT and -f FILE "
+                "(see --help)\n");
         return 2;
     }
-    if (o->prompt && o->prompt_ids) {
-        fprintf(stderr, "kittykv " CMD ": give -p or --prompt-ids, not both\n");
-        return 2;
-    }
+    char err[512];
     if (o->compare) {
         /* A comparison is only meaningful when every method sees the same
          * deterministic decoding rule and its own defaults. */
@@ -205,12 +136,35 @@ static int parse(opts *o, int argc, char **argv) {
                     "method's own settings; it cannot be combined with %s\n", clash);
             return 2;
         }
-        int rc = parse_compare(o);
-        if (rc) return rc;
+        o->n_methods = cli_spec_list(o->specs, MAX_COMPARE, o->compare, err, sizeof err);
+        if (o->n_methods < 0) {
+            fprintf(stderr, "kittykv " CMD ": --compare: %s\n", err);
+            return 2;
+        }
     } else {
-        o->methods[0] = o->kv;
+        /* --alpha is the spec's alpha key: the spec parser rejects it for a
+         * method without boosted channels, and when the spec gives it too. */
+        char spec[sizeof o->specs[0].name];
+        int n = o->have_alpha ? snprintf(spec, sizeof spec, "%s:alpha=%.9g", o->kv,
+                                         (double)o->alpha)
+                              : snprintf(spec, sizeof spec, "%s", o->kv);
+        if (n < 0 || (size_t)n >= sizeof spec) {
+            fprintf(stderr, "kittykv " CMD ": --kv: spec too long\n");
+            return 2;
+        }
+        if (cli_spec_parse(&o->specs[0], spec, err, sizeof err)) {
+            fprintf(stderr, "kittykv " CMD ": %s: %s\n", o->have_alpha ? "--alpha" : "--kv",
+                    err);
+            return 2;
+        }
         o->n_methods = 1;
     }
+    for (int i = 0; i < o->n_methods; i++)
+        if (o->specs[i].method.select == KKV_SELECT_EXPLICIT) {
+            fprintf(stderr, "kittykv " CMD ": select=oracle needs channel rankings; only "
+                    "`kittykv analyze ablation` computes them\n");
+            return 2;
+        }
     if (!o->model) o->model = cli_default_model();
     return 0;
 }
@@ -240,11 +194,12 @@ static int prompt_tokens(const opts *o, const kkv_model *m, int32_t **ids, int *
     }
     char *file_text = NULL;
     const char *text = o->prompt;
-    size_t len = strlen(text);
-    if (text[0] == '@') {
-        file_text = cli_read_file(text + 1, &len);
+    const char *path = o->file ? o->file : text[0] == '@' ? text + 1 : NULL;
+    size_t len = text ? strlen(text) : 0;
+    if (path) {
+        file_text = cli_read_file(path, &len);
         if (!file_text) {
-            fprintf(stderr, "kittykv " CMD ": cannot read prompt file '%s': %s\n", text + 1,
+            fprintf(stderr, "kittykv " CMD ": cannot read prompt file '%s': %s\n", path,
                     strerror(errno));
             return 1;
         }
@@ -283,15 +238,20 @@ static int prompt_tokens(const opts *o, const kkv_model *m, int32_t **ids, int *
 }
 
 
-static void print_ids(const char *path, const int32_t *ids, int n) {
+static int print_ids(const char *path, const int32_t *ids, int n) {
     FILE *f = fopen(path, "w");
     if (!f) {
         fprintf(stderr, "kittykv " CMD ": cannot write '%s': %s\n", path, strerror(errno));
-        return;
+        return 1;
     }
     for (int i = 0; i < n; i++) fprintf(f, "%s%d", i ? "," : "", (int)ids[i]);
     fprintf(f, "\n");
-    fclose(f);
+    int bad = ferror(f);
+    if (fclose(f) || bad) {
+        fprintf(stderr, "kittykv " CMD ": error writing '%s'\n", path);
+        return 1;
+    }
+    return 0;
 }
 
 static int write_logits(const char *path, const float *logits, int n) {
@@ -340,20 +300,15 @@ static int fail(const char *what) {
  * Fills *res (res->gen must hold n_gen + 1 ids). Returns an exit status. */
 static int run_method(method_run *res, const opts *o, kkv_model *m,
                       const kkv_model_info *info, const int32_t *prompt, int n_prompt,
-                      const char *name, kkv_sampler *smp, float *logits) {
-    kkv_method method;
-    if (kkv_method_from_name(&method, name) != KKV_OK) {
-        fprintf(stderr, "kittykv " CMD ": unknown --kv method '%s' (one of:", name);
-        print_method_names(stderr);
-        fprintf(stderr, ")\n");
-        return 2;
-    }
-    if (o->have_alpha) method.alpha = o->alpha;
-    if (kkv_method_check(&method, info->head_dim) != KKV_OK) return fail("--kv");
-    res->name = name;
+                      const cli_spec *spec, kkv_sampler *smp, float *logits,
+                      kkv_threadpool *tp) {
+    kkv_method method = spec->method;
+    if (kkv_method_check(&method, info->head_dim) != KKV_OK) return fail(spec->name);
+    res->name = spec->name;
     res->alpha = method.alpha;
 
     kkv_cache_config cfg = kkv_model_cache_config(m, &method, 0);
+    cfg.n_threads = 1; /* no workers of its own: it borrows the CLI's pool */
     cfg.max_tokens = o->ctx;
     if (o->have_budget) cfg.pool_bytes = (size_t)(o->budget_mb * 1048576.0);
     else if (kkv_eval_pool_bytes(&cfg.pool_bytes, &cfg, o->ctx) != KKV_OK)
@@ -361,9 +316,12 @@ static int run_method(method_run *res, const opts *o, kkv_model *m,
     kkv_cache *cache;
     if (kkv_cache_create(&cache, &cfg) != KKV_OK) return fail("creating the KV cache");
     int rc = 0, seq;
+    if (kkv_cache_set_threadpool(cache, tp) != KKV_OK) rc = fail("thread pool");
+    for (int i = 0; !rc && i < n_prompt; i++)
+        if (kkv_sampler_accept(smp, prompt[i]) != KKV_OK) rc = fail("sampler");
     /* Everything the run can need, up front: a pool or context that is too
      * small is one clear error before any output. */
-    if (kkv_seq_add(cache, &seq) != KKV_OK) rc = fail("KV pool too small");
+    if (!rc && kkv_seq_add(cache, &seq) != KKV_OK) rc = fail("KV pool too small");
     else if (kkv_seq_reserve(cache, seq, n_prompt + o->n_gen) != KKV_OK)
         rc = fail("context too long for the KV pool");
 
@@ -382,6 +340,10 @@ static int run_method(method_run *res, const opts *o, kkv_model *m,
             break;
         }
         res->gen[res->n_out++] = tok;
+        if (kkv_sampler_accept(smp, tok) != KKV_OK) {
+            rc = fail("sampler");
+            break;
+        }
         if (tok == info->eos || tok == info->eot) {
             res->stopped = 1;
             break;
@@ -419,8 +381,7 @@ static double rate(int n, double t) {
 static void report_one(const opts *o, const kkv_model_info *info, const method_run *r,
                        int n_prompt) {
     char threads_str[16];
-    if (o->threads) snprintf(threads_str, sizeof threads_str, "%d", o->threads);
-    else snprintf(threads_str, sizeof threads_str, "all");
+    snprintf(threads_str, sizeof threads_str, "%d", o->threads);
     fprintf(stderr, "\nmodel: %s (%s, %d layers)  kv: %s  alpha: %g  threads: %s\n",
             info->name[0] ? info->name : o->model, info->arch, info->n_layers, r->name,
             (double)r->alpha, threads_str);
@@ -449,8 +410,7 @@ static void agreement(int *lead, int *same, const method_run *a, const method_ru
 static void report_compare(const opts *o, const kkv_model_info *info, const method_run *r,
                            int n, int n_prompt) {
     char threads_str[16];
-    if (o->threads) snprintf(threads_str, sizeof threads_str, "%d", o->threads);
-    else snprintf(threads_str, sizeof threads_str, "all");
+    snprintf(threads_str, sizeof threads_str, "%d", o->threads);
     printf("\nmodel: %s (%s, %d layers)  prompt: %d tokens  greedy, up to %d new tokens  "
            "threads: %s\n", info->name[0] ? info->name : o->model, info->arch,
            info->n_layers, n_prompt, o->n_gen, threads_str);
@@ -481,6 +441,7 @@ typedef struct run_state {
     float      *logits;   /* [n_vocab] */
     method_run  runs[MAX_COMPARE]; /* [n_methods]; each gen is [n_gen + 1] */
     kkv_sampler *sampler;
+    kkv_threadpool *tp;   /* the one pool of the process: model and caches borrow it */
 } run_state;
 
 static void run_free(run_state *r) {
@@ -489,21 +450,12 @@ static void run_free(run_state *r) {
     free(r->logits);
     free(r->prompt);
     kkv_model_free(r->model);
+    kkv_threadpool_free(r->tp); /* after everything that borrows it */
 }
 
 static int generate(const opts *o, run_state *r) {
-    /* Names first: a typo is a usage error before the model loads. */
-    for (int i = 0; i < o->n_methods; i++) {
-        kkv_method method;
-        if (kkv_method_from_name(&method, o->methods[i]) != KKV_OK) {
-            fprintf(stderr, "kittykv " CMD ": unknown --kv method '%s' (one of:",
-                    o->methods[i]);
-            print_method_names(stderr);
-            fprintf(stderr, ")\n");
-            return 2;
-        }
-    }
-    if (kkv_model_load(&r->model, o->model, o->threads) != KKV_OK) return fail(NULL);
+    if (kkv_threadpool_create(&r->tp, o->threads) != KKV_OK) return fail("thread pool");
+    if (cli_model_load(&r->model, o->model, r->tp, CMD)) return 1;
     if (o->exact_matmul && kkv_model_set_exact_matmul(r->model, 1) != KKV_OK)
         return fail("--exact-matmul");
     kkv_model_info info;
@@ -530,17 +482,21 @@ static int generate(const opts *o, run_state *r) {
         kkv_sampler_params sp = kkv_sampler_defaults();
         sp.temp = o->temp;
         sp.top_p = o->top_p;
+        sp.top_k = o->top_k;
+        sp.min_p = o->min_p;
+        sp.repeat_penalty = o->repeat_penalty;
+        sp.repeat_last_n = o->repeat_last_n;
         sp.seed = o->seed;
         if (kkv_sampler_create(&r->sampler, &sp) != KKV_OK) return fail("sampler");
         if (o->compare) {
-            printf("%s=== %s ===\n", i ? "\n" : "", o->methods[i]);
+            printf("%s=== %s ===\n", i ? "\n" : "", o->specs[i].name);
             fflush(stdout);
         }
-        rc = run_method(&r->runs[i], o, r->model, &info, r->prompt, n_prompt, o->methods[i],
-                        r->sampler, r->logits);
+        rc = run_method(&r->runs[i], o, r->model, &info, r->prompt, n_prompt, &o->specs[i],
+                        r->sampler, r->logits, r->tp);
         if (rc) return rc;
     }
-    if (o->ids_out) print_ids(o->ids_out, r->runs[0].gen, r->runs[0].n_out);
+    if (o->ids_out && print_ids(o->ids_out, r->runs[0].gen, r->runs[0].n_out)) return 1;
     if (o->compare) report_compare(o, &info, r->runs, o->n_methods, n_prompt);
     else report_one(o, &info, &r->runs[0], n_prompt);
     return 0;
@@ -550,6 +506,7 @@ int cmd_generate(int argc, char **argv) {
     opts o;
     int rc = parse(&o, argc, argv);
     if (rc) return rc < 0 ? 0 : rc;
+    o.threads = cli_threads(o.threads, CMD);
     run_state r;
     memset(&r, 0, sizeof r);
     rc = generate(&o, &r);

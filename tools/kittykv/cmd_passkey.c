@@ -9,6 +9,8 @@
 #include "cmd.h"
 #include "kittykv_eval.h"
 #include "kittykv.h"
+#include "kittykv_cpu.h"
+#include "opts.h"
 #include "util.h"
 
 #define CMD "passkey"
@@ -28,28 +30,6 @@ static const char *const FILLER =
 static const char *const NEEDLE = "The pass key is %d. Remember it. %d is the pass key. ";
 static const char *const TAIL =
     "\nWhat is the pass key?<|im_end|>\n<|im_start|>assistant\nThe pass key is";
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kittykv passkey [-m MODEL] [--lengths L1,L2..] [--depths D1,D2..]\n"
-            "                       [--methods LIST] [--trials K] [--seed S] [-t T] [--json]\n"
-            "  -m MODEL        GGUF file (default: %s)\n"
-            "  --lengths LIST  prompt lengths in tokens (default 1024,2048,4096,8192)\n"
-            "  --depths LIST   needle depths in [0, 1] (default 0.1,0.5,0.9)\n"
-            "  --methods LIST  method specs as in `kittykv eval --help` (default: all eight)\n"
-            "  --trials K      keys tried per (method, length, depth) (default 3)\n"
-            "  --seed S        seed of the keys (default 1)\n"
-            "  -t T            threads (default 0 = all cores)\n"
-            "  --json          also print one JSON object on the last line of stdout\n"
-            "\n"
-            "The haystack repeats \"%s\"; the needle\n"
-            "\"%s\" sits after the given share of it,\n"
-            "inside SmolLM2's ChatML template, and the assistant turn starts with\n"
-            "\"The pass key is\". A trial passes when the greedy answer (at most %d tokens,\n"
-            "stopping at end of turn) contains the 5-digit key. Every method sees exactly the\n"
-            "same prompts.\n",
-            cli_default_model(), FILLER, NEEDLE, ANSWER_TOKENS);
-}
 
 typedef struct opts {
     const char *model, *methods;
@@ -89,47 +69,47 @@ static int parse(opts *o, int argc, char **argv) {
     memcpy(o->lengths, dl, sizeof dl);
     o->n_depths = 3;
     memcpy(o->depths, dd, sizeof dd);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return -1;
-        }
-        if (!strcmp(a, "--json")) {
-            o->json = 1;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kittykv " CMD ": %s needs a value (see --help)\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
-        else if (!strcmp(a, "--methods")) o->methods = v;
-        else if (!strcmp(a, "--lengths")) {
-            o->n_lengths = cli_int_list(o->lengths, MAX_LIST, v, CMD, a);
-            if (o->n_lengths < 0) return 2;
-            for (int k = 0; k < o->n_lengths; k++)
-                if (o->lengths[k] < 64 || o->lengths[k] > (1 << 20)) {
-                    fprintf(stderr, "kittykv " CMD ": --lengths: %d is not in 64..1048576\n",
-                            o->lengths[k]);
-                    return 2;
-                }
-        } else if (!strcmp(a, "--depths")) {
-            if (parse_depths(o, v)) return 2;
-        } else if (!strcmp(a, "--trials")) {
-            if (cli_int(&o->trials, v, 1, 1000, CMD, a)) return 2;
-        } else if (!strcmp(a, "--seed")) {
-            int s;
-            if (cli_int(&s, v, 0, 2147483647, CMD, a)) return 2;
-            o->seed = (uint64_t)s;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (cli_int(&o->threads, v, 0, 1024, CMD, a)) return 2;
-        } else {
-            fprintf(stderr, "kittykv " CMD ": unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
+    const char *lengths = NULL, *depths = NULL;
+    const opt_def defs[] = {
+        {'m', "model", OPT_STRING, 0, 0, &o->model, NULL, "MODEL",
+         "GGUF file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf or $KKV_MODEL)"},
+        {0, "lengths", OPT_LIST, 0, 0, &lengths, NULL, "LIST",
+         "prompt lengths in tokens, 64..1048576 (default 1024,2048,4096,8192)"},
+        {0, "depths", OPT_LIST, 0, 0, &depths, NULL, "LIST",
+         "needle depths in [0, 1] (default 0.1,0.5,0.9)"},
+        {0, "kv|methods", OPT_LIST, 0, 0, &o->methods, NULL, "LIST",
+         "method specs as in `kittykv eval --help` (default: all eight)"},
+        {0, "trials", OPT_INT, 1, 1000, &o->trials, NULL, "K",
+         "keys tried per (method, length, depth) (default 3)"},
+        {'s', "seed", OPT_U64, 0, 2147483647, &o->seed, NULL, "S", "seed of the keys (default 1)"},
+        {'t', "threads", OPT_INT, 1, CLI_MAX_THREADS, &o->threads, NULL, "N",
+         "threads, 1..256 (default: all cores)"},
+        {0, "json", OPT_FLAG, 0, 0, &o->json, NULL, NULL,
+         "also print one JSON object on the last line of stdout"},
+    };
+    char epilog[1024];
+    snprintf(epilog, sizeof epilog,
+             "The haystack repeats \"%s\"; the needle\n"
+             "\"%s\" sits after the given share of it,\n"
+             "inside SmolLM2's ChatML template, and the assistant turn starts with\n"
+             "\"The pass key is\". A trial passes when the greedy answer (at most %d tokens,\n"
+             "stopping at end of turn) contains the 5-digit key. Every method sees exactly the\n"
+             "same prompts.\n", FILLER, NEEDLE, ANSWER_TOKENS);
+    int rc = opts_run(CMD, "[-m MODEL] [--lengths L1,L2..] [--depths D1,D2..] [--kv LIST] "
+                      "[--trials K] [-s S] [-t T] [--json]", defs, OPTS_N(defs), epilog,
+                      argc, argv);
+    if (rc) return rc;
+    if (lengths) {
+        o->n_lengths = cli_int_list(o->lengths, MAX_LIST, lengths, CMD, "--lengths");
+        if (o->n_lengths < 0) return 2;
+        for (int k = 0; k < o->n_lengths; k++)
+            if (o->lengths[k] < 64 || o->lengths[k] > (1 << 20)) {
+                fprintf(stderr, "kittykv " CMD ": --lengths: %d is not in 64..1048576\n",
+                        o->lengths[k]);
+                return 2;
+            }
     }
+    if (depths && parse_depths(o, depths)) return 2;
     if (!o->model) o->model = cli_default_model();
     return 0;
 }
@@ -292,12 +272,12 @@ int cmd_passkey(int argc, char **argv) {
     if (o.methods) {
         n_specs = cli_spec_list(specs, MAX_SPECS, o.methods, err, sizeof err);
         if (n_specs < 0) {
-            fprintf(stderr, "kittykv " CMD ": --methods: %s\n", err);
+            fprintf(stderr, "kittykv " CMD ": --kv: %s\n", err);
             return 2;
         }
         for (int s = 0; s < n_specs; s++)
             if (specs[s].method.select == KKV_SELECT_EXPLICIT) {
-                fprintf(stderr, "kittykv " CMD ": --methods: select=oracle is for `kittykv "
+                fprintf(stderr, "kittykv " CMD ": --kv: select=oracle is for `kittykv "
                         "analyze ablation` only\n");
                 return 2;
             }
@@ -308,6 +288,7 @@ int cmd_passkey(int argc, char **argv) {
 
     const size_t n_cells = (size_t)n_specs * o.n_lengths * o.n_depths;
     const size_t n_prompts = (size_t)o.trials * o.n_lengths * o.n_depths;
+    kkv_threadpool *tp = NULL; /* shared by the model and every cache */
     kkv_model *m = NULL;
     kkv_cache *cache = NULL;
     float *logits = NULL;
@@ -321,10 +302,12 @@ int cmd_passkey(int argc, char **argv) {
         cells[i].answers = calloc((size_t)o.trials, sizeof *cells[i].answers);
         if (!cells[i].answers) goto oom;
     }
-    if (kkv_model_load(&m, o.model, o.threads) != KKV_OK) {
+    o.threads = cli_threads(o.threads, CMD);
+    if (kkv_threadpool_create(&tp, o.threads) != KKV_OK) {
         fprintf(stderr, "kittykv " CMD ": %s\n", kkv_last_error());
         goto done;
     }
+    if (cli_model_load(&m, o.model, tp, CMD)) goto done;
     kkv_model_info info;
     kkv_model_get_info(m, &info);
     logits = malloc((size_t)info.n_vocab * sizeof *logits);
@@ -378,7 +361,8 @@ int cmd_passkey(int argc, char **argv) {
         }
         int seq0;
         if (kkv_eval_cache_create(&cache, &seq0, m, &specs[s].method, max_len + ANSWER_TOKENS,
-                           o.threads, NULL) != KKV_OK ||
+                           1, NULL) != KKV_OK ||
+            kkv_cache_set_threadpool(cache, tp) != KKV_OK ||
             kkv_seq_free(cache, seq0) != KKV_OK) {
             fprintf(stderr, "kittykv " CMD ": %s: creating the cache: %s\n", specs[s].name,
                     kkv_last_error());
@@ -422,5 +406,6 @@ done:
     free(logits);
     kkv_cache_free(cache);
     kkv_model_free(m);
+    kkv_threadpool_free(tp);
     return rc;
 }

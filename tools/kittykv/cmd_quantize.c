@@ -10,22 +10,19 @@
 #include "kittykv_cpu.h"
 #include "kittykv_eval.h"
 #include "tensorio.h"
+#include "opts.h"
 #include "util.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kittykv quantize --method NAME [--alpha A] [--select magnitude|variance|random]\n"
-            "                        [--seed N] [--sink S] [--group G] [--window R]\n"
-            "                        --head-dim D --keys FILE [--values FILE]\n"
-            "                        [--out-keys FILE] [--out-values FILE] [--out-pages FILE]\n"
-            "                        [--json]\n"
-            "FILE: raw little-endian float32 [tokens][head_dim], or a 2-D float32 .npy.\n"
-            "Tokens go through one sequence/layer/head one at a time; outputs hold the\n"
-            "keys/values as attention sees them after the last step (.npy if the name ends\n"
-            "in .npy). --out-pages writes every key page, in order, in the page format of\n"
-            "kittykv.h (quantized methods only). Without --values, values are left out of\n"
-            "every figure.\n");
-}
+static const char *const SYNOPSIS =
+    "--kv SPEC --head-dim D --keys FILE [--values FILE] [options]";
+static const char *const EPILOG =
+    "FILE: raw little-endian float32 [tokens][head_dim], or a 2-D float32 .npy.\n"
+    "Tokens go through one sequence/layer/head one at a time; outputs hold the\n"
+    "keys/values as attention sees them after the last step (.npy if the name ends\n"
+    "in .npy). --out-pages writes every key page, in order, in the page format of\n"
+    "kittykv.h (quantized methods only). Without --values, values are left out of\n"
+    "every figure. --alpha, --select, --seed, --sink, --group and --window are the\n"
+    "spec's keys of the same names: an option the method ignores is an error.\n";
 
 static double rel_err(const float *x, const float *y, size_t n) {
     double num = 0, den = 0;
@@ -35,14 +32,6 @@ static double rel_err(const float *x, const float *y, size_t n) {
         den += (double)x[i] * (double)x[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static int parse_select(kkv_select *out, const char *s) {
-    if (!strcmp(s, "magnitude")) *out = KKV_SELECT_MAGNITUDE;
-    else if (!strcmp(s, "variance")) *out = KKV_SELECT_VARIANCE;
-    else if (!strcmp(s, "random")) *out = KKV_SELECT_RANDOM;
-    else return -1;
-    return 0;
 }
 
 /* Concatenates the key pages of head 0 in the public page format. */
@@ -73,73 +62,74 @@ static int write_pages(const char *path, const kkv_cache *c, int seq, int fp16) 
     return bad ? -1 : 0;
 }
 
+/* Appends ":key=value" to spec [cap]; -1 if it does not fit. */
+static int spec_add(char *spec, size_t cap, const char *key, const char *value) {
+    size_t len = strlen(spec);
+    int n = snprintf(spec + len, cap - len, ":%s=%s", key, value);
+    return n < 0 || (size_t)n >= cap - len ? -1 : 0;
+}
+
 int cmd_quantize(int argc, char **argv) {
     const char *method_name = NULL, *keys_path = NULL, *values_path = NULL;
     const char *out_keys = NULL, *out_values = NULL, *select = NULL, *out_pages = NULL;
-    int D = 0, json = 0, seed = 0, sink = -1, group = -1, window = -1, have_alpha = 0;
+    const char *seed = NULL, *sink = NULL, *group = NULL, *window = NULL;
+    int D = 0, json = 0, have_alpha = 0;
     float alpha = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int takes = 1;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-            takes = 0;
-        } else if (!v) {
-            fprintf(stderr, "kittykv quantize: %s needs a value (or unknown option)\n", a);
-            return 2;
-        } else if (!strcmp(a, "--method")) method_name = v;
-        else if (!strcmp(a, "--keys")) keys_path = v;
-        else if (!strcmp(a, "--values")) values_path = v;
-        else if (!strcmp(a, "--out-keys")) out_keys = v;
-        else if (!strcmp(a, "--out-values")) out_values = v;
-        else if (!strcmp(a, "--out-pages")) out_pages = v;
-        else if (!strcmp(a, "--select")) select = v;
-        else if (!strcmp(a, "--head-dim")) {
-            if (cli_int(&D, v, 1, 1 << 20, "quantize", a)) return 2;
-        } else if (!strcmp(a, "--alpha")) {
-            /* range checked by the library, to give its message */
-            if (cli_float(&alpha, v, -1e9, 1e9, "quantize", a)) return 2;
-            have_alpha = 1;
-        } else if (!strcmp(a, "--seed")) {
-            if (cli_int(&seed, v, 0, 2147483647, "quantize", a)) return 2;
-        } else if (!strcmp(a, "--sink")) {
-            if (cli_int(&sink, v, 0, 1 << 20, "quantize", a)) return 2;
-        } else if (!strcmp(a, "--group")) {
-            if (cli_int(&group, v, 1, 1 << 20, "quantize", a)) return 2;
-        } else if (!strcmp(a, "--window")) {
-            if (cli_int(&window, v, 0, 1 << 20, "quantize", a)) return 2;
-        } else {
-            fprintf(stderr, "kittykv quantize: unknown option '%s'\n", a);
-            return 2;
-        }
-        i += takes;
-    }
+    const opt_def defs[] = {
+        {0, "kv|method", OPT_SPEC, 0, 0, &method_name, NULL, "SPEC",
+         "method spec (kittykv eval --help), e.g. kitty or kitty:alpha=0.25"},
+        {0, "head-dim", OPT_INT, 1, 1 << 20, &D, NULL, "D", "channels per token"},
+        {0, "keys", OPT_STRING, 0, 0, &keys_path, NULL, "FILE", "keys [tokens][D]"},
+        {0, "values", OPT_STRING, 0, 0, &values_path, NULL, "FILE", "values [tokens][D]"},
+        {0, "alpha", OPT_FLOAT, 0, 1, &alpha, &have_alpha, "A", "boost fraction (spec alpha=A)"},
+        {0, "select", OPT_STRING, 0, 0, &select, NULL, "S",
+         "magnitude|variance|random (spec select=S)"},
+        {'s', "seed", OPT_STRING, 0, 0, &seed, NULL, "N", "seed of select=random (spec seed=N)"},
+        {0, "sink", OPT_STRING, 0, 0, &sink, NULL, "N", "fp16 sink tokens (spec sink=N)"},
+        {0, "group", OPT_STRING, 0, 0, &group, NULL, "G", "page size in tokens (spec group=G)"},
+        {0, "window", OPT_STRING, 0, 0, &window, NULL, "R",
+         "recent fp16 values (spec window=R)"},
+        {0, "out-keys", OPT_STRING, 0, 0, &out_keys, NULL, "FILE", "write the keys as seen"},
+        {0, "out-values", OPT_STRING, 0, 0, &out_values, NULL, "FILE",
+         "write the values as seen (needs --values)"},
+        {0, "out-pages", OPT_STRING, 0, 0, &out_pages, NULL, "FILE", "write the key pages"},
+        {0, "json", OPT_FLAG, 0, 0, &json, NULL, NULL, "print one JSON object"},
+    };
+    int rc0 = opts_run("quantize", SYNOPSIS, defs, OPTS_N(defs), EPILOG, argc, argv);
+    if (rc0) return rc0 < 0 ? 0 : rc0;
     if (!method_name || !keys_path || !D) {
-        fprintf(stderr, "kittykv quantize: --method, --head-dim and --keys are required\n");
-        usage(stderr);
+        fprintf(stderr, "kittykv quantize: --kv (or --method), --head-dim and --keys are "
+                "required (see --help)\n");
         return 2;
     }
     if (out_values && !values_path) {
         fprintf(stderr, "kittykv quantize: --out-values needs --values\n");
         return 2;
     }
+    /* The options become the spec's keys, so the spec parser's rules hold
+     * for them too: a key the method ignores, or one given twice, is an
+     * error. */
+    char spec[256], num[32];
+    snprintf(num, sizeof num, "%.9g", (double)alpha);
+    int too_long = snprintf(spec, sizeof spec, "%s", method_name) >= (int)sizeof spec;
+    too_long = too_long || (have_alpha && spec_add(spec, sizeof spec, "alpha", num));
+    too_long = too_long || (select && spec_add(spec, sizeof spec, "select", select));
+    too_long = too_long || (seed && spec_add(spec, sizeof spec, "seed", seed));
+    too_long = too_long || (sink && spec_add(spec, sizeof spec, "sink", sink));
+    too_long = too_long || (group && spec_add(spec, sizeof spec, "group", group));
+    too_long = too_long || (window && spec_add(spec, sizeof spec, "window", window));
     kkv_method m;
-    if (kkv_method_from_name(&m, method_name) != KKV_OK) {
+    if (too_long) {
+        fprintf(stderr, "kittykv quantize: method spec too long\n");
+        return 2;
+    }
+    if (kkv_method_parse(&m, spec) != KKV_OK) {
         fprintf(stderr, "kittykv quantize: %s\n", kkv_last_error());
         return 2;
     }
-    if (have_alpha) m.alpha = alpha;
-    if (sink >= 0) m.sink = sink;
-    if (group >= 0) m.group = group;
-    if (window >= 0) m.window = window;
-    m.seed = (uint64_t)seed;
-    if (select && parse_select(&m.select, select)) {
-        fprintf(stderr, "kittykv quantize: unknown --select '%s' (magnitude, variance, random)\n",
-                select);
+    if (m.select == KKV_SELECT_EXPLICIT) {
+        fprintf(stderr, "kittykv quantize: select=oracle needs channel rankings; only "
+                "`kittykv analyze ablation` computes them\n");
         return 2;
     }
     if (kkv_method_check(&m, D) != KKV_OK) {

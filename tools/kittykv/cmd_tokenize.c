@@ -13,26 +13,8 @@
 #include "kittykv.h"
 #include "kittykv_cpu.h"
 #include "kittykv_eval.h"
+#include "opts.h"
 #include "util.h"
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kittykv tokenize [-m MODEL] (-p TEXT | -f FILE) [--special] [--no-bos]\n"
-            "                        [--pieces] [--lines] [--pre NAME] [--stats]\n"
-            "  -m MODEL    GGUF model (default %s)\n"
-            "  -p TEXT     text to tokenize\n"
-            "  -f FILE     read the text from FILE ('-' for stdin)\n"
-            "  --special   parse special-token text such as <|im_start|> into its id\n"
-            "  --no-bos    do not prepend BOS (only added when the model asks for it)\n"
-            "  --pieces    print 'id<TAB>piece' per token; the piece is escaped: \\\\ \\n \\t \\r,\n"
-            "              \\xHH for control bytes and bytes of incomplete UTF-8\n"
-            "  --lines     every input line is a separate text with escapes \\\\ \\n \\t \\r \\xHH\n"
-            "              decoded; prints one line of ids per input line\n"
-            "  --pre NAME  override the model's pre-tokenizer (testing)\n"
-            "  --stats     print the token count and speed on stderr\n"
-            "Output: token ids separated by spaces on one line.\n",
-            cli_default_model());
-}
 
 static void print_piece(FILE *f, const unsigned char *p, size_t n) {
     for (size_t i = 0; i < n;) {
@@ -131,33 +113,38 @@ static int run_one(const kkv_model *tok, const opts *o, const char *text, size_t
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    const char *model = cli_default_model(), *text = NULL, *file = NULL, *pre = NULL;
+    const char *model = NULL, *text = NULL, *file = NULL, *pre = NULL;
     opts o = {1, 0, 0, 0};
-    int lines = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int has_val = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") && has_val) model = argv[++i];
-        else if (!strcmp(a, "-p") && has_val) text = argv[++i];
-        else if (!strcmp(a, "-f") && has_val) file = argv[++i];
-        else if (!strcmp(a, "--pre") && has_val) pre = argv[++i];
-        else if (!strcmp(a, "--special")) o.special = 1;
-        else if (!strcmp(a, "--no-bos")) o.add_bos = 0;
-        else if (!strcmp(a, "--pieces")) o.pieces = 1;
-        else if (!strcmp(a, "--lines")) lines = 1;
-        else if (!strcmp(a, "--stats")) o.stats = 1;
-        else {
-            fprintf(stderr, "kittykv tokenize: unknown or incomplete option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
+    int lines = 0, no_bos = 0;
+    const opt_def defs[] = {
+        {'m', "model", OPT_STRING, 0, 0, &model, NULL, "MODEL",
+         "GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf or $KKV_MODEL)"},
+        {'p', "prompt", OPT_STRING, 0, 0, &text, NULL, "TEXT", "text to tokenize"},
+        {'f', "file", OPT_STRING, 0, 0, &file, NULL, "FILE",
+         "read the text from FILE ('-' for stdin)"},
+        {0, "special", OPT_FLAG, 0, 0, &o.special, NULL, NULL,
+         "parse special-token text such as <|im_start|> into its id"},
+        {0, "no-bos", OPT_FLAG, 0, 0, &no_bos, NULL, NULL,
+         "do not prepend BOS (only added when the model asks for it)"},
+        {0, "pieces", OPT_FLAG, 0, 0, &o.pieces, NULL, NULL,
+         "print 'id<TAB>piece' per token; the piece is escaped: \\\\ \\n \\t \\r,\n"
+         "\\xHH for control bytes and bytes of incomplete UTF-8"},
+        {0, "lines", OPT_FLAG, 0, 0, &lines, NULL, NULL,
+         "every input line is a separate text with escapes \\\\ \\n \\t \\r \\xHH\n"
+         "decoded; prints one line of ids per input line"},
+        {0, "pre", OPT_STRING, 0, 0, &pre, NULL, "NAME",
+         "override the model's pre-tokenizer (testing)"},
+        {0, "stats", OPT_FLAG, 0, 0, &o.stats, NULL, NULL,
+         "print the token count and speed on stderr"},
+    };
+    int rc0 = opts_run("tokenize", "[-m MODEL] (-p TEXT | -f FILE) [options]", defs,
+                       OPTS_N(defs), "Output: token ids separated by spaces on one line.\n",
+                       argc, argv);
+    if (rc0) return rc0 < 0 ? 0 : rc0;
+    if (!model) model = cli_default_model();
+    if (no_bos) o.add_bos = 0;
     if (!text == !file) {
         fprintf(stderr, "kittykv tokenize: give exactly one of -p TEXT and -f FILE\n");
-        usage(stderr);
         return 2;
     }
     if (lines && o.pieces) {

@@ -1,6 +1,7 @@
 #include "util.h"
 
 #include "kittykv_eval.h"
+#include "kittykv_model.h"
 
 #include <errno.h>
 #include <math.h>
@@ -200,6 +201,28 @@ int cli_eval_run(kkv_eval_result *res, kkv_eval_result *ref, kkv_model *m, const
     free(names);
     if (s != KKV_OK) {
         fprintf(stderr, "kittykv %s: %s\n", cmd, kkv_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+int cli_threads(int requested, const char *cmd) {
+    int cores = kkv_cpu_count();
+    if (cores < 1) cores = 1;
+    if (requested <= 0) return cores < CLI_MAX_THREADS ? cores : CLI_MAX_THREADS;
+    if (requested > cores)
+        fprintf(stderr, "kittykv %s: warning: -t %d is more than the %d online core%s; "
+                "expect it to be slower, not faster\n", cmd, requested, cores,
+                cores == 1 ? "" : "s");
+    return requested;
+}
+
+int cli_model_load(kkv_model **m, const char *path, kkv_threadpool *tp, const char *cmd) {
+    /* 1 thread: the model starts no workers of its own, then borrows tp */
+    if (kkv_model_load(m, path, 1) != KKV_OK || kkv_model_set_threadpool(*m, tp) != KKV_OK) {
+        fprintf(stderr, "kittykv %s: %s\n", cmd, kkv_last_error());
+        kkv_model_free(*m);
+        *m = NULL;
         return 1;
     }
     return 0;

@@ -53,6 +53,20 @@ int cli_eval_run(struct kkv_eval_result *res, struct kkv_eval_result *ref, struc
                  const int *tokens, struct kkv_eval_config *cfg, const cli_spec *specs,
                  int n_specs, const char *label, const char *cmd);
 
+/* The most threads -t accepts: beyond it a pool only adds switching (issue 11:
+ * -t 1000 on 2 cores ran 1,999 threads and was 100x slower). */
+#define CLI_MAX_THREADS 256
+
+/* The thread count to use for -t: requested (1..CLI_MAX_THREADS, or 0 when
+ * -t was not given: every online core, at most CLI_MAX_THREADS). Warns on
+ * stderr when the request exceeds the online cores. */
+int cli_threads(int requested, const char *cmd);
+
+/* Loads the model at path with its matmuls on tp (borrowed: free the model
+ * first); the model gets no pool of its own. 0, or 1 after printing why. */
+int cli_model_load(struct kkv_model **m, const char *path, kkv_threadpool *tp,
+                   const char *cmd);
+
 /* Seconds from a monotonic clock. */
 double cli_now(void);
 
