@@ -7,34 +7,11 @@
 #include <string.h>
 
 #include "cmd.h"
+#include "opts.h"
 #include "serve.h"
 #include "util.h"
 
 #define CMD "serve"
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kittykv serve [options]\n"
-            "OpenAI-compatible server: POST /v1/chat/completions, /v1/completions,\n"
-            "GET /v1/models, /health, /metrics. Continuous batching on one KV pool.\n"
-            "  -m MODEL            GGUF (default: %s)\n"
-            "  --host ADDR         IPv4 address to bind (default 127.0.0.1)\n"
-            "  --port N            TCP port (default 8080)\n"
-            "  --kv SPEC           KV cache method (default kitty)\n"
-            "  --kv-budget MB      KV pool budget in MiB for all requests (default 256)\n"
-            "  -c, --ctx N         tokens per sequence, prompt + output (default: the\n"
-            "                      model's training context, at most 8192)\n"
-            "  -t THREADS          threads (default: all cores)\n"
-            "  --api-key KEY       require 'Authorization: Bearer KEY' on /v1/*\n"
-            "  --parallel N        sequences decoded together at most (default 64)\n"
-            "  --queue N           requests waiting beyond the free batch slots (default 64)\n"
-            "  --queue-timeout S   seconds a request may wait in the queue (default 30)\n"
-            "  --chunk N           prompt tokens prefilled per step (default 16)\n"
-            "  --body-limit KB     largest request body (default 1024)\n"
-            "  --max-conn N        open connections at most (default 256)\n"
-            "  --chat-template T   override the GGUF's template (known: chatml)\n",
-            cli_default_model());
-}
 
 typedef struct serve_opts {
     const char *model, *host, *kv, *api_key, *chat_template;
@@ -42,56 +19,55 @@ typedef struct serve_opts {
     float queue_timeout;
 } serve_opts;
 
+static const char *const SYNOPSIS = "[-m MODEL] [--port N] [--kv SPEC] [--kv-budget MB] [options]";
+static const char *const EPILOG =
+    "Endpoints: POST /v1/chat/completions, /v1/completions (stream via SSE),\n"
+    "GET /v1/models, /health, /metrics (Prometheus text). All requests share one\n"
+    "KV pool of --kv-budget MiB; each scheduler step decodes one token for every\n"
+    "active request in one batch and prefills --chunk prompt tokens.\n";
+
+/* Returns 0, or the exit status (2 usage, -1 for --help) to stop with. */
 static int parse(serve_opts *o, int argc, char **argv) {
-    memset(o, 0, sizeof *o);
-    o->model = cli_default_model();
-    o->host = "127.0.0.1";
-    o->kv = "kitty";
-    o->port = 8080;
-    o->budget_mb = 256;
-    o->threads = kkv_cpu_count();
-    o->parallel = 64;
-    o->queue = 64;
-    o->queue_timeout = 30;
-    o->chunk = 16;
-    o->body_kb = 1024;
-    o->max_conn = 256;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            exit(0);
-        }
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int r = 0;
-        if (!v) {
-            fprintf(stderr, "kittykv " CMD ": %s needs a value (kittykv serve --help)\n", a);
-            return -1;
-        }
-        if (!strcmp(a, "-m")) o->model = v;
-        else if (!strcmp(a, "--host")) o->host = v;
-        else if (!strcmp(a, "--kv")) o->kv = v;
-        else if (!strcmp(a, "--api-key")) o->api_key = v;
-        else if (!strcmp(a, "--chat-template")) o->chat_template = v;
-        else if (!strcmp(a, "--port")) r = cli_int(&o->port, v, 1, 65535, CMD, a);
-        else if (!strcmp(a, "--kv-budget")) r = cli_int(&o->budget_mb, v, 1, 1 << 20, CMD, a);
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) r = cli_int(&o->ctx, v, 8, 1 << 20, CMD, a);
-        else if (!strcmp(a, "-t")) r = cli_int(&o->threads, v, 1, 1024, CMD, a);
-        else if (!strcmp(a, "--parallel")) r = cli_int(&o->parallel, v, 1, 4096, CMD, a);
-        else if (!strcmp(a, "--queue")) r = cli_int(&o->queue, v, 0, 1 << 20, CMD, a);
-        else if (!strcmp(a, "--queue-timeout"))
-            r = cli_float(&o->queue_timeout, v, 0.01, 86400, CMD, a);
-        else if (!strcmp(a, "--chunk")) r = cli_int(&o->chunk, v, 1, 1 << 16, CMD, a);
-        else if (!strcmp(a, "--body-limit")) r = cli_int(&o->body_kb, v, 1, 1 << 20, CMD, a);
-        else if (!strcmp(a, "--max-conn")) r = cli_int(&o->max_conn, v, 1, 1 << 16, CMD, a);
-        else {
-            fprintf(stderr, "kittykv " CMD ": unknown option '%s' (kittykv serve --help)\n", a);
-            return -1;
-        }
-        if (r) return -1;
-        i++;
-    }
-    return 0;
+    *o = (serve_opts){.model = NULL, .host = "127.0.0.1", .kv = "kitty", .port = 8080,
+                      .budget_mb = 256, .threads = kkv_cpu_count(), .parallel = 64,
+                      .queue = 64, .queue_timeout = 30, .chunk = 16, .body_kb = 1024,
+                      .max_conn = 256};
+    if (o->threads > CLI_MAX_THREADS) o->threads = CLI_MAX_THREADS;
+    const opt_def defs[] = {
+        {'m', "model", OPT_STRING, 0, 0, &o->model, NULL, "MODEL",
+         "GGUF file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf or $KKV_MODEL)"},
+        {0, "host", OPT_STRING, 0, 0, &o->host, NULL, "ADDR",
+         "IPv4 address to bind (default 127.0.0.1)"},
+        {0, "port", OPT_INT, 1, 65535, &o->port, NULL, "N", "TCP port (default 8080)"},
+        {0, "kv", OPT_SPEC, 0, 0, &o->kv, NULL, "SPEC", "KV cache method spec (default kitty)"},
+        {0, "kv-budget", OPT_INT, 1, 1 << 20, &o->budget_mb, NULL, "MB",
+         "KV pool budget in MiB shared by all requests (default 256)"},
+        {'c', "ctx-size|ctx", OPT_INT, 8, 1 << 20, &o->ctx, NULL, "N",
+         "tokens per sequence, prompt + output (default: the model's\n"
+         "training context, at most 8192)"},
+        {'t', "threads", OPT_INT, 1, CLI_MAX_THREADS, &o->threads, NULL, "N",
+         "threads (default: all cores); one pool for model and cache"},
+        {0, "api-key", OPT_STRING, 0, 0, &o->api_key, NULL, "KEY",
+         "require 'Authorization: Bearer KEY' on /v1/*"},
+        {0, "parallel", OPT_INT, 1, 4096, &o->parallel, NULL, "N",
+         "sequences decoded together at most (default 64)"},
+        {0, "queue", OPT_INT, 0, 1 << 20, &o->queue, NULL, "N",
+         "requests waiting beyond the free batch slots (default 64);\n"
+         "past that: HTTP 503"},
+        {0, "queue-timeout", OPT_FLOAT, 0.01, 86400, &o->queue_timeout, NULL, "S",
+         "seconds a request may wait for KV memory (default 30); then 503"},
+        {0, "chunk", OPT_INT, 1, 1 << 16, &o->chunk, NULL, "N",
+         "prompt tokens prefilled per step (default 16)"},
+        {0, "body-limit", OPT_INT, 1, 1 << 20, &o->body_kb, NULL, "KB",
+         "largest request body in KiB (default 1024); past that: 413"},
+        {0, "max-conn", OPT_INT, 1, 1 << 16, &o->max_conn, NULL, "N",
+         "open connections at most (default 256)"},
+        {0, "chat-template", OPT_STRING, 0, 0, &o->chat_template, NULL, "NAME",
+         "override the GGUF's template (known: chatml)"},
+    };
+    int rc = opts_run(CMD, SYNOPSIS, defs, OPTS_N(defs), EPILOG, argc, argv);
+    if (!o->model) o->model = cli_default_model();
+    return rc;
 }
 
 static void model_id(char *out, size_t cap, const char *path) {
@@ -104,7 +80,8 @@ static void model_id(char *out, size_t cap, const char *path) {
 
 int cmd_serve(int argc, char **argv) {
     serve_opts o;
-    if (parse(&o, argc, argv)) return 2;
+    int prc = parse(&o, argc, argv);
+    if (prc) return prc < 0 ? 0 : prc;
     kkv_method method;
     if (kkv_method_parse(&method, o.kv) != KKV_OK) {
         fprintf(stderr, "kittykv " CMD ": --kv '%s': %s\n", o.kv, kkv_last_error());
