@@ -81,11 +81,19 @@ typedef struct kkv_model_info {
     int   eos;
     int   eot;           /* end of turn (<|im_end|>), -1 if none */
     uint64_t weight_bytes;
+    /* RoPE layout: which dims of a head rotate together. 0: adjacent pairs
+     * (2i, 2i+1) (llama: llama.cpp's converter permutes Q/K rows so);
+     * 1: NeoX halves (i, i + rope_dims/2) (qwen2, qwen3). Pair i turns by
+     * pos * theta^(-2i/rope_dims), divided by any rope scaling. */
+    int   rope_neox;
+    int   rope_dims;     /* dims of each head that rotate (<= head_dim) */
 } kkv_model_info;
 
 /* Loads a GGUF model (mmap). n_threads: threads for matmuls (0: all cores).
+ * Architectures: llama (incl. Llama 3 rope_freqs / linear rope scaling),
+ * qwen2 (QKV biases, NeoX RoPE), qwen3 (per-head Q/K RMSNorm, NeoX RoPE).
  * KKV_ERR_IO (not found/unreadable), KKV_ERR_FORMAT (malformed GGUF),
- * KKV_ERR_UNSUPPORTED (architecture or tensor type). Free with kkv_model_free;
+ * KKV_ERR_UNSUPPORTED (architecture, tensor type or rope scaling, named). Free with kkv_model_free;
  * the model owns the mapping, and nothing it returns outlives it. */
 kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads);
 /* Loads only the vocabulary of a GGUF (no weights: tokenize, token pieces and
@@ -104,15 +112,6 @@ kkv_status kkv_model_set_threadpool(kkv_model *m, kkv_threadpool *tp);
  * default, as ggml does). Slower; for checking against a full-precision
  * reference, where the rounding's step function makes trajectories drift. */
 kkv_status kkv_model_set_exact_matmul(kkv_model *m, int exact);
-
-/* Copies the string metadata value `key` of a fully loaded model's GGUF (e.g.
- * "tokenizer.chat_template") into buf [cap], NUL-terminated; *n_out (may be
- * NULL) gets its length without the NUL. KKV_ERR_NOT_FOUND if the key is
- * missing or the model was loaded with kkv_model_load_vocab, KKV_ERR_FORMAT if
- * it is not a string, KKV_ERR_INVALID_ARG (with *n_out = the length) if cap is
- * too small. */
-kkv_status kkv_model_meta_str(const kkv_model *m, const char *key, char *buf, size_t cap,
-                              size_t *n_out);
 
 /* Observer of the attention inputs, for analysis tools: called for every token
  * and layer of every forward pass, after RoPE and before the token's K/V enter
@@ -167,6 +166,44 @@ kkv_status kkv_detokenize(const kkv_model *m, char *buf, size_t cap, size_t *n_o
 
 /* The pre-tokenizer names this build knows, NULL-terminated. */
 const char *const *kkv_pretokenizer_names(void);
+
+/* ---- chat templates ----
+ * The model's tokenizer.chat_template is recognised as one of a few families
+ * (no Jinja is run) and applied by code with the model's own special tokens:
+ *   chatml   <|im_start|>ROLE\nCONTENT<|im_end|>\n ... (SmolLM2, Qwen); a default
+ *            system message written into the model's template is kept
+ *   llama3   <|start_header_id|>ROLE<|end_header_id|>\n\nCONTENT<|eot_id|>
+ *   gemma    <start_of_turn>ROLE\nCONTENT<end_of_turn>\n, assistant -> model,
+ *            a system message prefixed to the first turn (Gemma 3)
+ *   llama2   [INST] <<SYS>>\nSYSTEM\n<</SYS>>\n\nUSER [/INST] ANSWER </s><s>[INST] ...
+ *   mistral  [INST] USER [/INST]ANSWER</s>[INST] ...; a system message is
+ *            prefixed to the first turn with a blank line
+ * The text omits the leading BOS: tokenize it with add_bos = 1, special = 1. */
+typedef struct kkv_chat_msg {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content; /* UTF-8, NUL-terminated */
+} kkv_chat_msg;
+
+/* The family names above, NULL-terminated (static storage). */
+const char *const *kkv_chat_template_names(void);
+
+/* *name = the family of the model's own template (static storage).
+ * KKV_ERR_NOT_FOUND if the file has no tokenizer.chat_template,
+ * KKV_ERR_UNSUPPORTED if it is none of the known families. */
+kkv_status kkv_chat_template_detect(const kkv_model *m, const char **name);
+
+/* Formats msgs[0..n) as a prompt, plus the assistant's opening when
+ * add_generation_prompt. template_name: a family name, or NULL for the
+ * model's own (as kkv_chat_template_detect). buf: [cap]; *len = the text's
+ * length without the NUL, set even when it does not fit (then
+ * KKV_ERR_INVALID_ARG and buf untouched). Other errors: an unknown name, an
+ * unrecognised or missing model template, a role other than the three (or
+ * "system" past the first message where the family has no place for it), a
+ * family whose special tokens the vocabulary lacks. The result borrows
+ * nothing; buf is the caller's. Works on a kkv_model_load_vocab model too. */
+kkv_status kkv_chat_format(const kkv_model *m, char *buf, size_t cap, size_t *len,
+                           const kkv_chat_msg *msgs, int n, int add_generation_prompt,
+                           const char *template_name);
 
 /* ---------------------------------------------------------------- UTF-8 */
 

@@ -34,10 +34,10 @@ fi
 
 # ---- 2. python venv for the oracles
 PY="$ROOT/.venv/bin/python"
-if ! "$PY" -c 'import numpy, gguf, tokenizers, openai' 2>/dev/null; then
-  say "creating .venv (numpy, gguf, tokenizers, openai)"
+if ! "$PY" -c 'import numpy, gguf, tokenizers, jinja2, openai' 2>/dev/null; then
+  say "creating .venv (numpy, gguf, tokenizers, jinja2, openai)"
   python3 -m venv "$ROOT/.venv" || die "python3 -m venv failed"
-  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers openai >&2 \
+  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers jinja2 openai >&2 \
     || die "pip install failed (is PyPI reachable?)"
 fi
 

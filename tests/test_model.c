@@ -23,6 +23,7 @@
 #include "kittykv.h"
 #include "kittykv_cpu.h"
 #include "kittykv_model.h"
+#include "model/ops.h"
 #include "testutil.h"
 
 #ifndef KKV_SOURCE_DIR
@@ -66,8 +67,8 @@ static void put_str(wbuf *b, const char *s) {
 
 /* A tiny llama GGUF: 1 layer, n_embd 32, 1 head, n_ff 32, vocab 4, all F32.
  * Knobs: arch name, whether block_count is present, a tensor whose type is
- * replaced by Q5_0 (computable by nobody here), a tensor given a wrong row
- * count. */
+ * replaced by IQ4_NL (a type the reader sizes but cannot compute with), a
+ * tensor given a wrong row count. */
 typedef struct tiny_opts {
     const char *arch;
     int         drop_block_count;
@@ -117,9 +118,9 @@ static int write_tiny(const char *path, const tiny_opts *o) {
         put_u32(&b, vec ? 1 : 2);
         put_u64(&b, 32);
         if (!vec) put_u64(&b, rows);
-        put_u32(&b, q5 ? 6 : 0);
+        put_u32(&b, q5 ? 20 : 0);
         put_u64(&b, off);
-        sizes[t] = q5 ? rows * 22 : rows * 32 * 4;
+        sizes[t] = q5 ? rows * 18 : rows * 32 * 4;
         off += (sizes[t] + 31) / 32 * 32;
     }
     while (b.n % 32) put(&b, "", 1);
@@ -144,6 +145,19 @@ static void expect_load_error(const char *path, kkv_status want, const char *msg
         CHECK(strstr(kkv_last_error(), msg_part) != NULL, "message '%s' lacks '%s'",
               kkv_last_error(), msg_part);
     if (s == KKV_OK) kkv_model_free(m);
+}
+
+/* The two RoPE pairings on a known vector: a quarter turn of pair 0 and a
+ * half turn of pair 1, one head of 6 dims with 2 rotating pairs (dims 4, 5
+ * stay). Adjacent pairs are (0,1), (2,3); NeoX pairs are (0,2), (1,3). */
+static void test_rope_ops(void) {
+    const float cs[2] = {0.0f, -1.0f}, sn[2] = {1.0f, 0.0f};
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 2, 3, 4, 5, 6};
+    kkv_op_rope(a, 1, 6, cs, sn, 2);
+    kkv_op_rope_neox(b, 1, 6, cs, sn, 2);
+    const float wa[6] = {-2, 1, -3, -4, 5, 6}, wb[6] = {-3, -2, 1, -4, 5, 6};
+    CHECK(memcmp(a, wa, sizeof a) == 0, "adjacent rope: %g %g %g %g", a[0], a[1], a[2], a[3]);
+    CHECK(memcmp(b, wb, sizeof b) == 0, "neox rope: %g %g %g %g", b[0], b[1], b[2], b[3]);
 }
 
 static void test_load_errors(void) {
@@ -173,7 +187,8 @@ static void test_load_errors(void) {
         {{"gpt2", 0, NULL, NULL}, KKV_ERR_UNSUPPORTED, "unsupported architecture 'gpt2'"},
         {{"llama", 1, NULL, NULL}, KKV_ERR_FORMAT, "llama.block_count"},
         {{"llama", 0, "blk.0.ffn_up.weight", NULL}, KKV_ERR_UNSUPPORTED, "blk.0.ffn_up.weight"},
-        {{"llama", 0, "token_embd.weight", NULL}, KKV_ERR_UNSUPPORTED, "Q5_0"},
+        {{"llama", 0, "token_embd.weight", NULL}, KKV_ERR_UNSUPPORTED, "IQ4_NL"},
+        {{"gemma3", 0, NULL, NULL}, KKV_ERR_UNSUPPORTED, "unsupported architecture 'gemma3'"},
         {{"llama", 0, NULL, "blk.0.attn_k.weight"}, KKV_ERR_FORMAT, "blk.0.attn_k.weight"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -511,32 +526,8 @@ static void test_bad_args(const int32_t *prompt) {
     free(lg);
 }
 
-/* kkv_model_meta_str: a string key, its length on a short buffer, missing and
- * non-string keys, a vocabulary-only handle. */
-static void test_meta_str(const char *path) {
-    char buf[64];
-    size_t n = 0;
-    CHECK(kkv_model_meta_str(g_m, "general.architecture", buf, sizeof buf, &n) == KKV_OK &&
-          !strcmp(buf, "llama") && n == 5, "meta_str architecture: '%s' (%zu)", buf, n);
-    n = 0;
-    CHECK(kkv_model_meta_str(g_m, "general.architecture", buf, 5, &n) == KKV_ERR_INVALID_ARG &&
-          n == 5, "meta_str short buffer gives the length (%zu)", n);
-    CHECK(kkv_model_meta_str(g_m, "tokenizer.chat_template", NULL, 0, &n) ==
-              KKV_ERR_INVALID_ARG && n > 0, "meta_str size query of the chat template");
-    CHECK(kkv_model_meta_str(g_m, "no.such.key", buf, sizeof buf, NULL) == KKV_ERR_NOT_FOUND,
-          "meta_str missing key");
-    CHECK(kkv_model_meta_str(g_m, "llama.block_count", buf, sizeof buf, NULL) ==
-              KKV_ERR_FORMAT, "meta_str non-string key");
-    CHECK(kkv_model_meta_str(NULL, "x", buf, sizeof buf, NULL) == KKV_ERR_INVALID_ARG,
-          "meta_str NULL model");
-    kkv_model *v = NULL;
-    if (kkv_model_load_vocab(&v, path, NULL) == KKV_OK)
-        CHECK(kkv_model_meta_str(v, "general.architecture", buf, sizeof buf, NULL) ==
-                  KKV_ERR_NOT_FOUND, "meta_str on a vocabulary-only handle");
-    kkv_model_free(v);
-}
-
 int main(void) {
+    test_rope_ops();
     test_load_errors();
 
     const char *path = getenv("KKV_MODEL") && *getenv("KKV_MODEL")
@@ -559,6 +550,8 @@ int main(void) {
     kkv_model_get_info(g_m, &g_info);
     CHECK(!strcmp(g_info.arch, "llama") && g_info.n_layers > 0 && g_info.n_vocab > 0,
           "info: arch %s layers %d vocab %d", g_info.arch, g_info.n_layers, g_info.n_vocab);
+    CHECK(g_info.rope_neox == 0 && g_info.rope_dims == g_info.head_dim, "info: llama rope layout %d, dims %d",
+          g_info.rope_neox, g_info.rope_dims);
     int32_t *prompt = malloc(N_PROMPT * sizeof *prompt);
     if (!prompt || make_prompt(prompt, N_PROMPT)) {
         CHECK(0, "no prompt tokens");
@@ -567,7 +560,6 @@ int main(void) {
         test_decode_batch(prompt);
         test_pool_full(prompt);
         test_bad_args(prompt);
-        test_meta_str(path);
     }
     free(prompt);
     kkv_model_free(g_m);

@@ -62,6 +62,29 @@ static uint8_t *rand_weights(kkv_weight *w, uint32_t type, int64_t rows, int64_t
             put_f16(b + 2, rnd_f(-0.4f, 0.0f));
             break;
         case KKV_WT_Q6_K: put_f16(b + 208, rnd_f(-0.002f, 0.002f)); break;
+        case KKV_WT_BF16: {
+            float v = rnd_f(-1, 1);
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            uint16_t h = (uint16_t)(u >> 16);
+            memcpy(b, &h, 2);
+            break;
+        }
+        case KKV_WT_Q5_0: put_f16(b, rnd_f(-0.05f, 0.05f)); break;
+        case KKV_WT_Q5_1:
+            put_f16(b, rnd_f(0, 0.03f));
+            put_f16(b + 2, rnd_f(-0.4f, 0.0f));
+            break;
+        case KKV_WT_Q2_K:
+            put_f16(b + 80, rnd_f(0, 0.01f));
+            put_f16(b + 82, rnd_f(0, 0.01f));
+            break;
+        case KKV_WT_Q3_K: put_f16(b + 108, rnd_f(-0.003f, 0.003f)); break;
+        case KKV_WT_Q4_K:
+        case KKV_WT_Q5_K:
+            put_f16(b, rnd_f(0, 0.002f));
+            put_f16(b + 2, rnd_f(0, 0.005f));
+            break;
         default: break;
         }
     }
@@ -145,6 +168,38 @@ static void test_dequant_known(void) {
     CHECK(y[1] == 0.5f * -8.0f * -32.0f, "q6_k y[1] = %g", y[1]);
     CHECK(y[255] == 0.5f * 7.0f * -32.0f, "q6_k y[255] = %g", y[255]);
 
+    /* Q4_K: the 12-byte scale/min packing, both halves of it.
+     * scales[0] = 0xc5: sub-block 0 scale 5, top bits 3 of sub-block 4's scale;
+     * scales[4] = 0x47: sub-block 0 min 7, top bits 1 of sub-block 4's min;
+     * scales[8] = 0x53: sub-block 4 scale low 3, min low 5 -> scale 51, min 21.
+     * qs[0] = 0x9a: element 0 = 10 (sub-block 0), element 32 = 9 (sub-block 1,
+     * scale and min 0); qs[64] = 0x03: element 128 = 3. d = 0.5, dmin = 0.25. */
+    memset(b, 0, 144);
+    put_f16(b, 0.5f);
+    put_f16(b + 2, 0.25f);
+    b[4] = 0xc5;
+    b[8] = 0x47;
+    b[12] = 0x53;
+    b[16] = 0x9a;
+    b[16 + 64] = 0x03;
+    w = (kkv_weight){KKV_WT_Q4_K, 1, 256, 144, b};
+    kkv_wt_dequant_row(y, &w, 0);
+    CHECK(y[0] == 0.5f * 5 * 10 - 0.25f * 7, "q4_k y[0] = %g", y[0]);
+    CHECK(y[1] == -0.25f * 7, "q4_k y[1] = %g", y[1]);
+    CHECK(y[32] == 0.0f, "q4_k y[32] = %g", y[32]);
+    CHECK(y[128] == 0.5f * 51 * 3 - 0.25f * 21, "q4_k y[128] = %g", y[128]);
+
+    /* Q5_0: d = 0.5, bit 4 of element i is bit i of the little-endian qh:
+     * qh = 0x80000001 sets elements 0 and 31; qs[15] = 0xf0 -> element 31 low 15. */
+    memset(b, 0, 22);
+    put_f16(b, 0.5f);
+    b[2] = 0x01;
+    b[5] = 0x80;
+    b[6 + 15] = 0xf0;
+    w = (kkv_weight){KKV_WT_Q5_0, 1, 32, 22, b};
+    kkv_wt_dequant_row(y, &w, 0);
+    CHECK(y[0] == 0.0f && y[1] == -8.0f && y[31] == 7.5f, "q5_0 %g %g %g", y[0], y[1], y[31]);
+
     /* F16 / F32 */
     put_f16(b, 1.5f);
     put_f16(b + 2, -0.25f);
@@ -159,7 +214,9 @@ static void test_type_table(void) {
     CHECK(kkv_wt_block_bytes(KKV_WT_Q8_0) == 34 && kkv_wt_block_bytes(KKV_WT_Q4_0) == 18, "q8_0/q4_0");
     CHECK(kkv_wt_block_bytes(12) == 144 && kkv_wt_block_bytes(30) == 2 && kkv_wt_block_bytes(28) == 8, "k/bf16/f64");
     CHECK(kkv_wt_block_elems(4) == 0 && kkv_wt_block_elems(5) == 0 && kkv_wt_block_elems(1000) == 0, "retired ids");
-    CHECK(kkv_wt_supported(KKV_WT_Q6_K) && !kkv_wt_supported(12) && !kkv_wt_supported(4), "supported");
+    CHECK(kkv_wt_supported(KKV_WT_Q6_K) && kkv_wt_supported(KKV_WT_Q4_K) && kkv_wt_supported(KKV_WT_BF16) &&
+              !kkv_wt_supported(16) && !kkv_wt_supported(4) && !kkv_wt_supported(9) /* Q8_1 */,
+          "supported");
     CHECK(strcmp(kkv_wt_name(KKV_WT_Q4_1), "Q4_1") == 0, "name");
     size_t rb = 0;
     CHECK(kkv_wt_row_size(&rb, KKV_WT_Q4_1, 576) == KKV_OK && rb == 18 * 20, "row size");
@@ -191,7 +248,7 @@ static void test_q8x(void) {
 static double ref_dot(double *abs_sum, const kkv_weight *w, int64_t row, const float *x) {
     float *wr = malloc(sizeof(float) * (size_t)w->cols);
     kkv_wt_dequant_row(wr, w, row);
-    int quant = w->type != KKV_WT_F32 && w->type != KKV_WT_F16;
+    int quant = w->type != KKV_WT_F32 && w->type != KKV_WT_F16 && w->type != KKV_WT_BF16;
     kkv_q8x *xq = malloc(sizeof(kkv_q8x) * (size_t)(w->cols / 32 + 1));
     if (quant) kkv_q8x_quantize(xq, x, w->cols);
     double acc = 0, abs = 0;
@@ -206,7 +263,9 @@ static double ref_dot(double *abs_sum, const kkv_weight *w, int64_t row, const f
     return acc;
 }
 
-static const uint32_t TYPES[] = {KKV_WT_F32, KKV_WT_F16, KKV_WT_Q4_0, KKV_WT_Q4_1, KKV_WT_Q8_0, KKV_WT_Q6_K};
+static const uint32_t TYPES[] = {KKV_WT_F32,  KKV_WT_F16,  KKV_WT_BF16, KKV_WT_Q4_0, KKV_WT_Q4_1,
+                                 KKV_WT_Q5_0, KKV_WT_Q5_1, KKV_WT_Q8_0, KKV_WT_Q2_K, KKV_WT_Q3_K,
+                                 KKV_WT_Q4_K, KKV_WT_Q5_K, KKV_WT_Q6_K};
 
 static void test_kernels(void) {
     const int ns[] = {1, 3, 17};
@@ -220,7 +279,7 @@ static void test_kernels(void) {
         const int64_t cols_list[] = {be, 3 * (int64_t)be, (576 / be > 0 ? 576 / be : 1) * (int64_t)be};
         for (int ci = 0; ci < 3; ci++) {
             int64_t cols = cols_list[ci];
-            if (type == KKV_WT_F32 || type == KKV_WT_F16) cols += ci; /* odd lengths: SIMD tails */
+            if (type == KKV_WT_F32 || type == KKV_WT_F16 || type == KKV_WT_BF16) cols += ci; /* odd lengths: SIMD tails */
             for (int ri = 0; ri < 3; ri++) {
                 int64_t rows = rows_list[ri];
                 kkv_weight w;
@@ -275,10 +334,11 @@ static void test_invariance(void) {
     kkv_tp *tp2 = NULL, *tp4 = NULL;
     kkv_tp_create(&tp2, 2);
     kkv_tp_create(&tp4, 4);
-    const uint32_t types[] = {KKV_WT_Q4_1, KKV_WT_Q8_0, KKV_WT_Q6_K};
-    for (int ti = 0; ti < 3; ti++) {
+    const uint32_t types[] = {KKV_WT_Q4_1, KKV_WT_Q8_0, KKV_WT_Q6_K, KKV_WT_Q5_0, KKV_WT_Q5_1,
+                              KKV_WT_Q2_K, KKV_WT_Q3_K, KKV_WT_Q4_K, KKV_WT_Q5_K, KKV_WT_BF16};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         kkv_weight w;
-        int64_t rows = 301, cols = types[ti] == KKV_WT_Q6_K ? 512 : 576;
+        int64_t rows = 301, cols = kkv_wt_block_elems(types[ti]) == 256 ? 512 : 576;
         uint8_t *wd = rand_weights(&w, types[ti], rows, cols);
         int n = 23;
         float *x = rand_x(n, cols);
@@ -310,8 +370,9 @@ static void test_invariance(void) {
     kkv_weight bad = {KKV_WT_Q4_1, 2, 33, 20, NULL};
     float o[4], xx[66] = {0};
     CHECK(kkv_matmul_ex(NULL, o, &bad, xx, 1, KKV_WT_IMPL_AUTO) == KKV_ERR_INVALID_ARG, "bad cols");
-    bad = (kkv_weight){12, 2, 256, 144, NULL};
-    CHECK(kkv_matmul_ex(NULL, o, &bad, xx, 1, KKV_WT_IMPL_AUTO) == KKV_ERR_UNSUPPORTED, "Q4_K not computable");
+    bad = (kkv_weight){16, 2, 256, 66, NULL};
+    CHECK(kkv_matmul_ex(NULL, o, &bad, xx, 1, KKV_WT_IMPL_AUTO) == KKV_ERR_UNSUPPORTED, "IQ2_XXS not computable");
+    CHECK(strstr(kkv_last_error(), "IQ2_XXS") != NULL, "error names the type: %s", kkv_last_error());
     kkv_tp_free(tp2);
     kkv_tp_free(tp4);
 }
@@ -482,8 +543,10 @@ static int mode_bench(const char *model) {
         kkv_gguf_close(g2);
         kkv_gguf_close(g);
     }
-    const uint32_t types[] = {KKV_WT_Q4_1, KKV_WT_Q8_0, KKV_WT_Q4_0, KKV_WT_Q6_K, KKV_WT_F16};
-    for (int i = 0; i < 5; i++) {
+    const uint32_t types[] = {KKV_WT_Q4_1, KKV_WT_Q8_0, KKV_WT_Q4_0, KKV_WT_Q6_K, KKV_WT_F16,
+                              KKV_WT_Q4_K, KKV_WT_Q5_K, KKV_WT_Q2_K, KKV_WT_Q3_K, KKV_WT_Q5_0,
+                              KKV_WT_Q5_1, KKV_WT_BF16};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         uint8_t *d = rand_weights(&w, types[i], 4096, 576 / kkv_wt_block_elems(types[i]) * kkv_wt_block_elems(types[i]) == 576 ? 576 : 512);
         char label[64];
         snprintf(label, sizeof label, "random %s %lldx%lld", kkv_wt_name(types[i]), (long long)w.rows,

@@ -71,6 +71,11 @@ static inline float *row(float *base, int i, int cols) {
     return base + (size_t)i * (size_t)cols;
 }
 
+/* x[i] += b[i]; x, b: [n]. */
+static void add_bias(float *x, const float *b, int n) {
+    for (int i = 0; i < n; i++) x[i] += b[i];
+}
+
 /* Runs one chunk through every layer. m->w.pos must hold each row's position.
  * On a failing kkv_append/attend/flush (non-finite activations) the cache
  * holds the layers done so far and the status is returned. */
@@ -95,9 +100,26 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
         KKV_TRY(mm(m, w->k, &L->wk, w->xn, n));
         KKV_TRY(mm(m, w->v, &L->wv, w->xn, n));
         for (int i = 0; i < n; i++) {
+            float *q = row(w->q, i, QD), *k = row(w->k, i, KD), *v = row(w->v, i, KD);
+            if (L->bq) add_bias(q, L->bq, QD);
+            if (L->bk) add_bias(k, L->bk, KD);
+            if (L->bv) add_bias(v, L->bv, KD);
+            if (L->q_norm) { /* qwen3: RMSNorm of every head, before RoPE */
+                for (int h = 0; h < in->n_heads; h++)
+                    kkv_op_rmsnorm(q + (size_t)h * (size_t)in->head_dim, q + (size_t)h * (size_t)in->head_dim,
+                                   L->q_norm, in->head_dim, in->rms_eps);
+                for (int h = 0; h < in->n_kv_heads; h++)
+                    kkv_op_rmsnorm(k + (size_t)h * (size_t)in->head_dim, k + (size_t)h * (size_t)in->head_dim,
+                                   L->k_norm, in->head_dim, in->rms_eps);
+            }
             float *cs = row(w->cs, i, RP), *sn = row(w->sn, i, RP);
-            kkv_op_rope(row(w->q, i, QD), in->n_heads, in->head_dim, cs, sn, RP);
-            kkv_op_rope(row(w->k, i, KD), in->n_kv_heads, in->head_dim, cs, sn, RP);
+            if (in->rope_neox) {
+                kkv_op_rope_neox(q, in->n_heads, in->head_dim, cs, sn, RP);
+                kkv_op_rope_neox(k, in->n_kv_heads, in->head_dim, cs, sn, RP);
+            } else {
+                kkv_op_rope(q, in->n_heads, in->head_dim, cs, sn, RP);
+                kkv_op_rope(k, in->n_kv_heads, in->head_dim, cs, sn, RP);
+            }
         }
         /* Token by token, so each token sees the cache exactly as a
          * single-token call would have left it. */

@@ -110,6 +110,36 @@ static kkv_status get_norm(const kkv_gguf *g, float **out, const char *name, int
     return KKV_OK;
 }
 
+/* Architectures this engine runs, with the layout choices llama.cpp makes
+ * for each (llama_model_rope_type): qwen2/qwen3 rotate NeoX halves. */
+typedef struct arch_def {
+    const char *name;
+    int         rope_neox;
+} arch_def;
+
+static const arch_def ARCHS[] = {{"llama", 0}, {"qwen2", 1}, {"qwen3", 1}};
+
+/* "<arch>.<suffix>" in buf (the metadata keys are per architecture). */
+static const char *akey(char *buf, size_t cap, const char *arch, const char *suffix) {
+    snprintf(buf, cap, "%s.%s", arch, suffix);
+    return buf;
+}
+
+static kkv_status read_rope_scaling(kkv_model *m, const char *arch) {
+    const kkv_gguf *g = m->gguf;
+    char k[96];
+    kkv_gguf_str s;
+    m->rope_scale = 1.0f;
+    kkv_status st = kkv_gguf_get_str(g, akey(k, sizeof k, arch, "rope.scaling.type"), &s);
+    if (st == KKV_ERR_NOT_FOUND) return KKV_OK;
+    if (st != KKV_OK) return kkv_fail(KKV_ERR_FORMAT, "model: metadata '%s' is not a string", k);
+    if (kkv_gguf_str_eq(s, "none")) return KKV_OK;
+    if (!kkv_gguf_str_eq(s, "linear"))
+        return kkv_fail(KKV_ERR_UNSUPPORTED, "model: rope scaling '%.*s' is not supported (none, "
+                        "linear, or Llama 3's rope_freqs tensor)", (int)(s.len > 32 ? 32 : s.len), s.ptr);
+    return get_float(g, akey(k, sizeof k, arch, "rope.scaling.factor"), &m->rope_scale, 1, 1.0f);
+}
+
 static kkv_status read_hparams(kkv_model *m) {
     const kkv_gguf *g = m->gguf;
     kkv_model_info *in = &m->info;
@@ -118,28 +148,35 @@ static kkv_status read_hparams(kkv_model *m) {
     if (st != KKV_OK)
         return kkv_fail(KKV_ERR_FORMAT, "model: missing or bad 'general.architecture'");
     copy_str(in->arch, sizeof in->arch, s);
-    if (!kkv_gguf_str_eq(s, "llama"))
-        return kkv_fail(KKV_ERR_UNSUPPORTED, "unsupported architecture '%.*s'",
-                        (int)(s.len > 64 ? 64 : s.len), s.ptr);
+    const arch_def *ad = NULL;
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+        if (kkv_gguf_str_eq(s, ARCHS[i].name)) ad = &ARCHS[i];
+    if (!ad)
+        return kkv_fail(KKV_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama, "
+                        "qwen2, qwen3)", (int)(s.len > 64 ? 64 : s.len), s.ptr);
+    const char *a = ad->name;
+    in->rope_neox = ad->rope_neox;
     if (kkv_gguf_get_str(g, "general.name", &s) == KKV_OK) copy_str(in->name, sizeof in->name, s);
 
-    KKV_TRY(get_int(g, "llama.block_count", &in->n_layers, 1, MAX_LAYERS, 1, 0));
-    KKV_TRY(get_int(g, "llama.embedding_length", &in->n_embd, 1, MAX_EMBD, 1, 0));
-    KKV_TRY(get_int(g, "llama.feed_forward_length", &in->n_ff, 1, MAX_FF, 1, 0));
-    KKV_TRY(get_int(g, "llama.attention.head_count", &in->n_heads, 1, MAX_HEADS, 1, 0));
-    KKV_TRY(get_int(g, "llama.attention.head_count_kv", &in->n_kv_heads, 1, MAX_HEADS, 0,
-                    in->n_heads));
-    KKV_TRY(get_int(g, "llama.context_length", &in->n_ctx_train, 0, INT32_MAX, 0, 0));
-    KKV_TRY(get_float(g, "llama.rope.freq_base", &in->rope_theta, 0, 10000.0f));
-    KKV_TRY(get_float(g, "llama.attention.layer_norm_rms_epsilon", &in->rms_eps, 1, 0));
+    char k[96];
+    KKV_TRY(get_int(g, akey(k, sizeof k, a, "block_count"), &in->n_layers, 1, MAX_LAYERS, 1, 0));
+    KKV_TRY(get_int(g, akey(k, sizeof k, a, "embedding_length"), &in->n_embd, 1, MAX_EMBD, 1, 0));
+    KKV_TRY(get_int(g, akey(k, sizeof k, a, "feed_forward_length"), &in->n_ff, 1, MAX_FF, 1, 0));
+    KKV_TRY(get_int(g, akey(k, sizeof k, a, "attention.head_count"), &in->n_heads, 1, MAX_HEADS, 1, 0));
+    KKV_TRY(get_int(g, akey(k, sizeof k, a, "attention.head_count_kv"), &in->n_kv_heads, 1, MAX_HEADS,
+                    0, in->n_heads));
+    KKV_TRY(get_int(g, akey(k, sizeof k, a, "context_length"), &in->n_ctx_train, 0, INT32_MAX, 0, 0));
+    KKV_TRY(get_float(g, akey(k, sizeof k, a, "rope.freq_base"), &in->rope_theta, 0, 10000.0f));
+    KKV_TRY(get_float(g, akey(k, sizeof k, a, "attention.layer_norm_rms_epsilon"), &in->rms_eps, 1, 0));
     if (in->n_heads % in->n_kv_heads != 0)
         return kkv_fail(KKV_ERR_FORMAT, "model: %d query heads are not a multiple of %d KV "
                         "heads", in->n_heads, in->n_kv_heads);
     int hd = in->n_embd / in->n_heads;
     if (in->n_embd % in->n_heads != 0) hd = 0; /* then key_length must say */
-    KKV_TRY(get_int(g, "llama.attention.key_length", &in->head_dim, 1, 1 << 16, 0, hd));
+    KKV_TRY(get_int(g, akey(k, sizeof k, a, "attention.key_length"), &in->head_dim, 1, 1 << 16, 0, hd));
     int vlen;
-    KKV_TRY(get_int(g, "llama.attention.value_length", &vlen, 1, 1 << 16, 0, in->head_dim));
+    KKV_TRY(get_int(g, akey(k, sizeof k, a, "attention.value_length"), &vlen, 1, 1 << 16, 0,
+                    in->head_dim));
     if (in->head_dim == 0)
         return kkv_fail(KKV_ERR_FORMAT, "model: embedding %d is not divisible by %d heads",
                         in->n_embd, in->n_heads);
@@ -150,12 +187,21 @@ static kkv_status read_hparams(kkv_model *m) {
         return kkv_fail(KKV_ERR_UNSUPPORTED, "model: head dimension %d (the cache needs a "
                         "multiple of 4 up to %d)", in->head_dim, KKV_MAX_HEAD_DIM);
     int rope_dims;
-    KKV_TRY(get_int(g, "llama.rope.dimension_count", &rope_dims, 0, in->head_dim, 0,
+    KKV_TRY(get_int(g, akey(k, sizeof k, a, "rope.dimension_count"), &rope_dims, 0, in->head_dim, 0,
                     in->head_dim));
     if (rope_dims % 2 != 0)
         return kkv_fail(KKV_ERR_FORMAT, "model: odd rope dimension count %d", rope_dims);
     m->rope_pairs = rope_dims / 2;
-    return KKV_OK;
+    in->rope_dims = rope_dims;
+    return read_rope_scaling(m, a);
+}
+
+/* An optional vector tensor of n values widened to fp32 (*out stays NULL
+ * when absent). */
+static kkv_status get_opt_vec(const kkv_gguf *g, float **out, const char *name, int n) {
+    *out = NULL;
+    if (!kkv_gguf_find_tensor(g, name)) return KKV_OK;
+    return get_norm(g, out, name, n);
 }
 
 static kkv_status load_tensors(kkv_model *m) {
@@ -200,7 +246,29 @@ static kkv_status load_tensors(kkv_model *m) {
         KKV_TRY(get_norm(g, &L->attn_norm, name, in->n_embd));
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
         KKV_TRY(get_norm(g, &L->ffn_norm, name, in->n_embd));
+        /* Optional parts, used whatever the architecture when present:
+         * QKV biases (qwen2) and per-head Q/K norms (qwen3). */
+        snprintf(name, sizeof name, "blk.%d.attn_q.bias", l);
+        KKV_TRY(get_opt_vec(g, &L->bq, name, (int)qd));
+        snprintf(name, sizeof name, "blk.%d.attn_k.bias", l);
+        KKV_TRY(get_opt_vec(g, &L->bk, name, (int)kvd));
+        snprintf(name, sizeof name, "blk.%d.attn_v.bias", l);
+        KKV_TRY(get_opt_vec(g, &L->bv, name, (int)kvd));
+        snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", l);
+        KKV_TRY(get_opt_vec(g, &L->q_norm, name, in->head_dim));
+        snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", l);
+        KKV_TRY(get_opt_vec(g, &L->k_norm, name, in->head_dim));
+        if (!L->q_norm != !L->k_norm)
+            return kkv_fail(KKV_ERR_FORMAT, "model: layer %d has only one of attn_q_norm / attn_k_norm", l);
+        if (strcmp(in->arch, "qwen3") != 0 && L->q_norm)
+            return kkv_fail(KKV_ERR_UNSUPPORTED, "model: attn_q_norm in a '%s' model (only qwen3 has per-head QK norms)",
+                            in->arch);
     }
+    if (m->rope_pairs > 0) KKV_TRY(get_opt_vec(g, &m->rope_ff, "rope_freqs.weight", m->rope_pairs));
+    for (int i = 0; m->rope_ff && i < m->rope_pairs; i++)
+        if (!(m->rope_ff[i] > 0.0f))
+            return kkv_fail(KKV_ERR_FORMAT, "model: rope_freqs.weight[%d] = %g is not positive", i,
+                            (double)m->rope_ff[i]);
     for (uint64_t i = 0; i < kkv_gguf_n_tensors(g); i++)
         in->weight_bytes += kkv_gguf_tensor_at(g, i)->nbytes;
     return KKV_OK;
@@ -233,8 +301,15 @@ static kkv_status alloc_work(kkv_model *m) {
     m->w.cs = p, p += C * rp;
     m->w.sn = p;
     kkv_op_rope_freqs(m->inv_freq, 2 * m->rope_pairs, in->rope_theta);
+    /* scaling divides the angle: linear by one factor, Llama 3 per pair */
+    for (int i = 0; i < m->rope_pairs; i++) {
+        m->inv_freq[i] /= (double)m->rope_scale;
+        if (m->rope_ff) m->inv_freq[i] /= (double)m->rope_ff[i];
+    }
     return KKV_OK;
 }
+
+static kkv_status read_chat_template(kkv_model *m);
 
 kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads) {
     if (!out) return kkv_fail(KKV_ERR_INVALID_ARG, "model: out is NULL");
@@ -248,6 +323,7 @@ kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads) {
     if (s == KKV_OK) s = read_hparams(m);
     if (s == KKV_OK) s = load_tensors(m);
     if (s == KKV_OK) s = kkv_tok_from_gguf(&m->tok, m->gguf);
+    if (s == KKV_OK) s = read_chat_template(m);
     if (s == KKV_OK) s = alloc_work(m);
     if (s == KKV_OK) s = kkv_tp_create(&m->tp_own, n_threads ? n_threads : kkv_cpu_count());
     m->tp = m->tp_own;
@@ -262,6 +338,21 @@ kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads) {
     return KKV_OK;
 }
 
+/* A copy of tokenizer.chat_template (kept: a vocabulary-only model closes
+ * the file). Absent is fine; kkv_chat_format says so when asked. */
+static kkv_status read_chat_template(kkv_model *m) {
+    kkv_gguf_str s;
+    kkv_status st = kkv_gguf_get_str(m->gguf, "tokenizer.chat_template", &s);
+    if (st == KKV_ERR_NOT_FOUND) return KKV_OK;
+    if (st != KKV_OK) return kkv_fail(KKV_ERR_FORMAT, "model: tokenizer.chat_template is not a string");
+    m->chat_template = malloc((size_t)s.len + 1);
+    if (!m->chat_template) return kkv_fail(KKV_ERR_NOMEM, "model: out of memory");
+    memcpy(m->chat_template, s.ptr, (size_t)s.len);
+    m->chat_template[s.len] = 0;
+    m->chat_template_len = (size_t)s.len;
+    return KKV_OK;
+}
+
 kkv_status kkv_model_load_vocab(kkv_model **out, const char *path, const char *pre) {
     if (!out) return kkv_fail(KKV_ERR_INVALID_ARG, "vocab: out is NULL");
     *out = NULL;
@@ -270,6 +361,7 @@ kkv_status kkv_model_load_vocab(kkv_model **out, const char *path, const char *p
     if (!m) return kkv_fail(KKV_ERR_NOMEM, "vocab: out of memory");
     kkv_status s = kkv_gguf_open(&m->gguf, path);
     if (s == KKV_OK) s = kkv_tok_from_gguf_pre(&m->tok, m->gguf, pre);
+    if (s == KKV_OK) s = read_chat_template(m);
     if (s != KKV_OK) {
         kkv_model_free(m);
         return s;
@@ -285,27 +377,6 @@ kkv_status kkv_model_load_vocab(kkv_model **out, const char *path, const char *p
     return KKV_OK;
 }
 
-kkv_status kkv_model_meta_str(const kkv_model *m, const char *key, char *buf, size_t cap,
-                              size_t *n_out) {
-    if (!m || !key || (!buf && cap))
-        return kkv_fail(KKV_ERR_INVALID_ARG, "meta_str: NULL argument");
-    if (!m->gguf)
-        return kkv_fail(KKV_ERR_NOT_FOUND, "meta_str: '%s': no metadata (vocabulary-only load)",
-                        key);
-    kkv_gguf_str v;
-    kkv_status s = kkv_gguf_get_str(m->gguf, key, &v);
-    if (s == KKV_ERR_NOT_FOUND)
-        return kkv_fail(KKV_ERR_NOT_FOUND, "meta_str: no metadata key '%s'", key);
-    if (s != KKV_OK) return kkv_fail(KKV_ERR_FORMAT, "meta_str: '%s' is not a string", key);
-    if (n_out) *n_out = (size_t)v.len;
-    if (v.len >= cap)
-        return kkv_fail(KKV_ERR_INVALID_ARG, "meta_str: '%s' has %llu bytes, buffer holds %zu",
-                        key, (unsigned long long)v.len, cap ? cap - 1 : 0);
-    memcpy(buf, v.ptr, (size_t)v.len);
-    buf[v.len] = 0;
-    return KKV_OK;
-}
-
 kkv_status kkv_model_set_threadpool(kkv_model *m, kkv_threadpool *tp) {
     if (!m) return kkv_fail(KKV_ERR_INVALID_ARG, "set_threadpool: NULL model");
     m->tp = tp ? tp : m->tp_own;
@@ -318,16 +389,23 @@ void kkv_model_free(kkv_model *m) {
         for (int l = 0; l < m->info.n_layers; l++) {
             free(m->layers[l].attn_norm);
             free(m->layers[l].ffn_norm);
+            free(m->layers[l].bq);
+            free(m->layers[l].bk);
+            free(m->layers[l].bv);
+            free(m->layers[l].q_norm);
+            free(m->layers[l].k_norm);
         }
         free(m->layers);
     }
     free(m->output_norm);
+    free(m->rope_ff);
     free(m->work_mem);
     free(m->w.pos);
     free(m->inv_freq);
     kkv_tp_free(m->tp_own);
     kkv_tok_free(m->tok);
     kkv_gguf_close(m->gguf);
+    free(m->chat_template);
     free(m);
 }
 

@@ -29,6 +29,9 @@ typedef struct kkv_layer {
     kkv_weight w_gate;    /* [n_ff][n_embd] */
     kkv_weight w_up;      /* [n_ff][n_embd] */
     kkv_weight w_down;    /* [n_embd][n_ff] */
+    float     *bq, *bk, *bv; /* [n_heads*head_dim] / [n_kv_heads*head_dim] biases (Qwen2), owned, or NULL */
+    float     *q_norm;    /* [head_dim] per-head RMSNorm of Q before RoPE (Qwen3), owned, or NULL */
+    float     *k_norm;    /* [head_dim] same for K, or NULL */
 } kkv_layer;
 
 /* Working buffers for up to KKV_MODEL_CHUNK tokens (C below), one allocation. */
@@ -50,6 +53,8 @@ typedef struct kkv_model_work {
 struct kkv_model {
     kkv_gguf      *gguf;       /* owns the mapping the weights point into */
     kkv_tok       *tok;
+    char          *chat_template; /* [chat_template_len + 1] tokenizer.chat_template, owned, or NULL */
+    size_t         chat_template_len;
     kkv_tp        *tp;         /* matmul threads: tp_own or a borrowed pool; NULL = caller */
     kkv_tp        *tp_own;     /* owned */
     kkv_wt_impl    matmul_impl; /* AUTO, or F32 for exact activations */
@@ -57,7 +62,9 @@ struct kkv_model {
     void          *hook_user;
     kkv_model_info info;
     int            rope_pairs; /* rope.dimension_count / 2 */
-    double        *inv_freq;   /* [rope_pairs] */
+    double        *inv_freq;   /* [rope_pairs], scaling (rope_freqs / linear) folded in */
+    float          rope_scale; /* linear rope.scaling.factor (1 = none) */
+    float         *rope_ff;    /* [rope_pairs] rope_freqs.weight (Llama 3 scaling), owned, or NULL */
     kkv_weight     tok_embd;   /* [n_vocab][n_embd] */
     kkv_weight     output;     /* [n_vocab][n_embd]; tok_embd when tied */
     float         *output_norm; /* [n_embd], owned */

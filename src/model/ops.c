@@ -38,6 +38,18 @@ void kkv_op_rope(float *x, int n_heads, int head_dim, const float *cs, const flo
     }
 }
 
+void kkv_op_rope_neox(float *x, int n_heads, int head_dim, const float *cs, const float *sn,
+                      int n_pairs) {
+    for (int h = 0; h < n_heads; h++) {
+        float *r = x + (long)h * head_dim; /* [head_dim] */
+        for (int i = 0; i < n_pairs; i++) {
+            float a = r[i], b = r[i + n_pairs];
+            r[i] = a * cs[i] - b * sn[i];
+            r[i + n_pairs] = a * sn[i] + b * cs[i];
+        }
+    }
+}
+
 void kkv_op_swiglu(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }

@@ -28,6 +28,11 @@ void kkv_op_rope_freqs(double *inv_freq, int rope_dims, float base);
 void kkv_op_rope(float *x, int n_heads, int head_dim, const float *cs, const float *sn,
                  int n_pairs);
 
+/* The NeoX pairing (Qwen2/Qwen3 and other HF-layout models): pairs
+ * (i, i + n_pairs) of every head, same rotation as kkv_op_rope. */
+void kkv_op_rope_neox(float *x, int n_heads, int head_dim, const float *cs, const float *sn,
+                      int n_pairs);
+
 /* g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u. g, u: [n]. */
 void kkv_op_swiglu(float *g, const float *u, int n);
 

@@ -45,8 +45,13 @@ static const wt_info WT_INFO[] = {
 #define WT_N_INFO (sizeof WT_INFO / sizeof WT_INFO[0])
 
 int kkv_wt_supported(uint32_t type) {
-    return type == KKV_WT_F32 || type == KKV_WT_F16 || type == KKV_WT_Q4_0 ||
-           type == KKV_WT_Q4_1 || type == KKV_WT_Q8_0 || type == KKV_WT_Q6_K;
+    switch (type) {
+    case KKV_WT_F32: case KKV_WT_F16: case KKV_WT_BF16:
+    case KKV_WT_Q4_0: case KKV_WT_Q4_1: case KKV_WT_Q5_0: case KKV_WT_Q5_1: case KKV_WT_Q8_0:
+    case KKV_WT_Q2_K: case KKV_WT_Q3_K: case KKV_WT_Q4_K: case KKV_WT_Q5_K: case KKV_WT_Q6_K:
+        return 1;
+    default: return 0;
+    }
 }
 
 int kkv_wt_block_elems(uint32_t type) {
@@ -155,6 +160,129 @@ static void deq_q6_k(float *y, const uint8_t *b) {
     for (int e = 0; e < 256; e++) y[e] = d * (float)sc[e / 16] * (float)(q6k_quant(b, e) - 32);
 }
 
+/* BF16: the top half of an fp32. */
+static inline float ld_bf16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The 5-bit quant (0..31) of element i of a Q5_0/Q5_1 block: low nibble as
+ * in Q4 (qs), bit 4 is bit i of the little-endian 32-bit qh. */
+static inline int q5_quant(const uint8_t *qh, const uint8_t *qs, int i) {
+    uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+    int lo = i < 16 ? (qs[i] & 15) : (qs[i - 16] >> 4);
+    return lo | (int)((h >> i) & 1) << 4;
+}
+
+/* Q5_0: fp16 d, qh[4], qs[16]; value = d * (q - 16). */
+static void deq_q5_0(float *y, const uint8_t *b) {
+    float d = ld_f16(b);
+    for (int i = 0; i < 32; i++) y[i] = d * (float)(q5_quant(b + 2, b + 6, i) - 16);
+}
+
+/* Q5_1: fp16 d, fp16 m, qh[4], qs[16]; value = d * q + m. */
+static void deq_q5_1(float *y, const uint8_t *b) {
+    float d = ld_f16(b), m = ld_f16(b + 2);
+    for (int i = 0; i < 32; i++) y[i] = d * (float)q5_quant(b + 4, b + 8, i) + m;
+}
+
+/* Q2_K: scales[16] (low nibble scale, high nibble min, one per 16 values),
+ * qs[64], fp16 d, fp16 dmin. Element e: half h = e/128 uses qs[32h..32h+31],
+ * quarter j = (e%128)/32 takes bit pair j of qs[32h + e%32]. */
+static inline int q2k_quant(const uint8_t *blk, int e) {
+    return (blk[16 + 32 * (e >> 7) + (e & 31)] >> (2 * ((e >> 5) & 3))) & 3;
+}
+
+static void deq_q2_k(float *y, const uint8_t *b) {
+    float d = ld_f16(b + 80), dmin = ld_f16(b + 82);
+    for (int s = 0; s < 16; s++) {
+        float dl = d * (float)(b[s] & 15), ml = dmin * (float)(b[s] >> 4);
+        for (int l = 0; l < 16; l++) y[16 * s + l] = dl * (float)q2k_quant(b, 16 * s + l) - ml;
+    }
+}
+
+/* Q3_K: hmask[32], qs[64], scales[12] (16 six-bit scales, stored +32), fp16 d.
+ * Element e: low 2 bits as Q2_K's (qs at offset 32), bit 2 is bit 4h+j of
+ * hmask[e%32]; the quant is (low | hbit << 2) - 4 (-4..3). */
+static inline int q3k_quant(const uint8_t *blk, int e) {
+    int h = e >> 7, j = (e >> 5) & 3, l = e & 31;
+    int lo = (blk[32 + 32 * h + l] >> (2 * j)) & 3;
+    int hb = (blk[l] >> (4 * h + j)) & 1;
+    return (lo | hb << 2) - 4;
+}
+
+/* Scale s (0..15) of a Q3_K block, -32..31: low 4 bits from nibbles of
+ * scales[0..7] (low nibbles for s < 8), high 2 bits from scales[8 + s%4]. */
+static inline int q3k_scale(const uint8_t *blk, int s) {
+    const uint8_t *sc = blk + 96;
+    int lo = s < 8 ? (sc[s] & 15) : (sc[s - 8] >> 4);
+    int hi = (sc[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+static void deq_q3_k(float *y, const uint8_t *b) {
+    float d = ld_f16(b + 108);
+    for (int s = 0; s < 16; s++) {
+        float dl = d * (float)q3k_scale(b, s);
+        for (int l = 0; l < 16; l++) y[16 * s + l] = dl * (float)q3k_quant(b, 16 * s + l);
+    }
+}
+
+/* Six-bit scale and min of sub-block s (0..7) of a Q4_K/Q5_K block, packed
+ * in 12 bytes: s < 4 in the low 6 bits of bytes s and s+4; s >= 4 in the
+ * nibbles of byte s+4 with the top two bits from bytes s-4 and s. */
+static inline void k4_scale_min(const uint8_t *sc, int s, int *scale, int *min) {
+    if (s < 4) {
+        *scale = sc[s] & 63;
+        *min = sc[s + 4] & 63;
+    } else {
+        *scale = (sc[s + 4] & 15) | (sc[s - 4] >> 6) << 4;
+        *min = (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
+    }
+}
+
+/* Q4_K: fp16 d, fp16 dmin, scales[12], qs[128]; sub-block s (32 values)
+ * takes the low (s even) or high nibbles of qs[32 * (s/2) ..];
+ * value = d * scale_s * q - dmin * min_s. */
+static inline int q4k_quant(const uint8_t *blk, int e) {
+    int s = e >> 5;
+    uint8_t v = blk[16 + 32 * (s >> 1) + (e & 31)];
+    return (s & 1) ? v >> 4 : v & 15;
+}
+
+static void deq_q4_k(float *y, const uint8_t *b) {
+    float d = ld_f16(b), dmin = ld_f16(b + 2);
+    for (int s = 0; s < 8; s++) {
+        int sc, mn;
+        k4_scale_min(b + 4, s, &sc, &mn);
+        float d1 = d * (float)sc, m1 = dmin * (float)mn;
+        for (int l = 0; l < 32; l++) y[32 * s + l] = d1 * (float)q4k_quant(b, 32 * s + l) - m1;
+    }
+}
+
+/* Q5_K: as Q4_K with qh[32] after the scales (qs moves to offset 48): bit 4
+ * of sub-block s's quant l is bit s of qh[l]. */
+static inline int q5k_quant(const uint8_t *blk, int e) {
+    int s = e >> 5, l = e & 31;
+    uint8_t v = blk[48 + 32 * (s >> 1) + l];
+    int lo = (s & 1) ? v >> 4 : v & 15;
+    return lo | ((blk[16 + l] >> s) & 1) << 4;
+}
+
+static void deq_q5_k(float *y, const uint8_t *b) {
+    float d = ld_f16(b), dmin = ld_f16(b + 2);
+    for (int s = 0; s < 8; s++) {
+        int sc, mn;
+        k4_scale_min(b + 4, s, &sc, &mn);
+        float d1 = d * (float)sc, m1 = dmin * (float)mn;
+        for (int l = 0; l < 32; l++) y[32 * s + l] = d1 * (float)q5k_quant(b, 32 * s + l) - m1;
+    }
+}
+
 void kkv_wt_dequant_row(float *out, const kkv_weight *w, int64_t row) {
     const uint8_t *r = (const uint8_t *)w->data + (size_t)row * w->row_bytes;
     int64_t cols = w->cols;
@@ -174,6 +302,27 @@ void kkv_wt_dequant_row(float *out, const kkv_weight *w, int64_t row) {
         break;
     case KKV_WT_Q6_K:
         for (int64_t b = 0; b < cols / 256; b++) deq_q6_k(out + 256 * b, r + 210 * b);
+        break;
+    case KKV_WT_BF16:
+        for (int64_t i = 0; i < cols; i++) out[i] = ld_bf16(r + 2 * i);
+        break;
+    case KKV_WT_Q5_0:
+        for (int64_t b = 0; b < cols / 32; b++) deq_q5_0(out + 32 * b, r + 22 * b);
+        break;
+    case KKV_WT_Q5_1:
+        for (int64_t b = 0; b < cols / 32; b++) deq_q5_1(out + 32 * b, r + 24 * b);
+        break;
+    case KKV_WT_Q2_K:
+        for (int64_t b = 0; b < cols / 256; b++) deq_q2_k(out + 256 * b, r + 84 * b);
+        break;
+    case KKV_WT_Q3_K:
+        for (int64_t b = 0; b < cols / 256; b++) deq_q3_k(out + 256 * b, r + 110 * b);
+        break;
+    case KKV_WT_Q4_K:
+        for (int64_t b = 0; b < cols / 256; b++) deq_q4_k(out + 256 * b, r + 144 * b);
+        break;
+    case KKV_WT_Q5_K:
+        for (int64_t b = 0; b < cols / 256; b++) deq_q5_k(out + 256 * b, r + 176 * b);
         break;
     default:
         /* Unsupported types never reach here through kkv_weight_from_tensor;
@@ -196,17 +345,17 @@ void kkv_q8x_quantize(kkv_q8x *dst, const float *x, int64_t cols) {
             if (!(a <= 3.4028234663852886e38f)) finite = 0; /* Inf or NaN */
             else if (a > amax) amax = a;
         }
-        o->pad_ = 0;
         if (!finite) {
             o->d = NAN;
             o->s = NAN;
             o->isum = 0;
+            o->isum16 = 0;
             memset(o->q, 0, 32);
             continue;
         }
         float d = amax / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int32_t sum = 0;
+        int32_t sum = 0, sum16 = 0;
         for (int i = 0; i < 32; i++) {
             /* |v*id| <= 127 up to one rounding; the clamp makes that certain */
             float q = nearbyintf(v[i] * id);
@@ -214,9 +363,11 @@ void kkv_q8x_quantize(kkv_q8x *dst, const float *x, int64_t cols) {
             if (q < -127.0f) q = -127.0f;
             o->q[i] = (int8_t)q;
             sum += o->q[i];
+            if (i == 15) sum16 = sum;
         }
         o->d = d;
         o->isum = sum;
+        o->isum16 = sum16;
         o->s = d * (float)sum;
     }
 }
@@ -255,6 +406,51 @@ static int32_t sdot_q6_k(const uint8_t *b, int k, const int8_t *q) {
     return sc[2 * k] * s0 + sc[2 * k + 1] * s1;
 }
 
+static int32_t sdot_q5_0(const uint8_t *b, const int8_t *q) {
+    int32_t s = 0;
+    for (int i = 0; i < 32; i++) s += (q5_quant(b + 2, b + 6, i) - 16) * q[i];
+    return s;
+}
+
+static int32_t sdot_q5_1(const uint8_t *b, const int8_t *q) {
+    int32_t s = 0;
+    for (int i = 0; i < 32; i++) s += q5_quant(b + 4, b + 8, i) * q[i];
+    return s;
+}
+
+/* Activation block k (0..7) of a Q2_K super-block: sum of scale * q over its
+ * two 16-value sub-blocks; *mins = the sub-block mins times the sums of x's
+ * quants over each sub-block. */
+static int32_t sdot_q2_k(const uint8_t *b, int k, const kkv_q8x *x, int32_t *mins) {
+    int32_t s0 = 0, s1 = 0;
+    for (int i = 0; i < 16; i++) {
+        s0 += q2k_quant(b, 32 * k + i) * x->q[i];
+        s1 += q2k_quant(b, 32 * k + 16 + i) * x->q[i + 16];
+    }
+    *mins = (b[2 * k] >> 4) * x->isum16 + (b[2 * k + 1] >> 4) * (x->isum - x->isum16);
+    return (b[2 * k] & 15) * s0 + (b[2 * k + 1] & 15) * s1;
+}
+
+static int32_t sdot_q3_k(const uint8_t *b, int k, const int8_t *q) {
+    int32_t s0 = 0, s1 = 0;
+    for (int i = 0; i < 16; i++) {
+        s0 += q3k_quant(b, 32 * k + i) * q[i];
+        s1 += q3k_quant(b, 32 * k + 16 + i) * q[i + 16];
+    }
+    return q3k_scale(b, 2 * k) * s0 + q3k_scale(b, 2 * k + 1) * s1;
+}
+
+/* Sub-block k of a Q4_K/Q5_K super-block: scale * sumi; *mins = min * isum. */
+static int32_t sdot_q45_k(const uint8_t *b, int k, const kkv_q8x *x, int five, int32_t *mins) {
+    int sc, mn;
+    k4_scale_min(b + 4, k, &sc, &mn);
+    int32_t s = 0;
+    for (int i = 0; i < 32; i++)
+        s += (five ? q5k_quant(b, 32 * k + i) : q4k_quant(b, 32 * k + i)) * x->q[i];
+    *mins = mn * x->isum;
+    return sc * s;
+}
+
 static float sdot_row_q(uint32_t type, const uint8_t *row, int64_t cols, const kkv_q8x *x) {
     float acc = 0.0f, accm = 0.0f;
     int64_t nb = cols / 32;
@@ -282,6 +478,40 @@ static float sdot_row_q(uint32_t type, const uint8_t *row, int64_t cols, const k
             acc += (ld_f16(wb + 208) * xb->d) * (float)sdot_q6_k(wb, (int)(b % 8), xb->q);
             break;
         }
+        case KKV_WT_Q5_0: {
+            const uint8_t *wb = row + 22 * b;
+            acc += (ld_f16(wb) * xb->d) * (float)sdot_q5_0(wb, xb->q);
+            break;
+        }
+        case KKV_WT_Q5_1: {
+            const uint8_t *wb = row + 24 * b;
+            acc += (ld_f16(wb) * xb->d) * (float)sdot_q5_1(wb, xb->q);
+            accm += ld_f16(wb + 2) * xb->s;
+            break;
+        }
+        case KKV_WT_Q2_K: {
+            const uint8_t *wb = row + 84 * (b / 8);
+            int32_t mins;
+            int32_t si = sdot_q2_k(wb, (int)(b % 8), xb, &mins);
+            acc += (ld_f16(wb + 80) * xb->d) * (float)si;
+            accm -= (ld_f16(wb + 82) * xb->d) * (float)mins;
+            break;
+        }
+        case KKV_WT_Q3_K: {
+            const uint8_t *wb = row + 110 * (b / 8);
+            acc += (ld_f16(wb + 108) * xb->d) * (float)sdot_q3_k(wb, (int)(b % 8), xb->q);
+            break;
+        }
+        case KKV_WT_Q4_K:
+        case KKV_WT_Q5_K: {
+            int five = type == KKV_WT_Q5_K;
+            const uint8_t *wb = row + (five ? 176 : 144) * (b / 8);
+            int32_t mins;
+            int32_t si = sdot_q45_k(wb, (int)(b % 8), xb, five, &mins);
+            acc += (ld_f16(wb) * xb->d) * (float)si;
+            accm -= (ld_f16(wb + 2) * xb->d) * (float)mins;
+            break;
+        }
         default: return NAN;
         }
     }
@@ -304,6 +534,8 @@ static void scalar_dot_f(float *res, uint32_t type, const void *row, int64_t col
                 memcpy(&w, r + 4 * i, 4);
                 acc += w * xf[j][i];
             }
+        } else if (type == KKV_WT_BF16) {
+            for (int64_t i = 0; i < cols; i++) acc += ld_bf16(r + 2 * i) * xf[j][i];
         } else {
             for (int64_t i = 0; i < cols; i++) acc += ld_f16(r + 2 * i) * xf[j][i];
         }
@@ -326,7 +558,7 @@ typedef struct mm_ctx {
     float                *row_f;   /* KKV_WT_IMPL_F32: [tasks][cols] scratch, else NULL */
 } mm_ctx;
 
-static int is_quant(uint32_t type) { return type != KKV_WT_F32 && type != KKV_WT_F16; }
+static int is_quant(uint32_t type) { return type != KKV_WT_F32 && type != KKV_WT_F16 && type != KKV_WT_BF16; }
 
 /* Rows [r0, r1) against every x vector, in tiles of MM_ROW_TILE rows: a tile
  * of weight rows stays in L1 while groups of KKV_WT_NX x vectors stream past

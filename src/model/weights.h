@@ -12,7 +12,9 @@
 /* ggml type ids this build can compute with. */
 enum {
     KKV_WT_F32 = 0, KKV_WT_F16 = 1, KKV_WT_Q4_0 = 2, KKV_WT_Q4_1 = 3,
-    KKV_WT_Q8_0 = 8, KKV_WT_Q6_K = 14,
+    KKV_WT_Q5_0 = 6, KKV_WT_Q5_1 = 7, KKV_WT_Q8_0 = 8,
+    KKV_WT_Q2_K = 10, KKV_WT_Q3_K = 11, KKV_WT_Q4_K = 12, KKV_WT_Q5_K = 13,
+    KKV_WT_Q6_K = 14, KKV_WT_BF16 = 30,
 };
 
 /* A 2-D weight matrix in the mapping: rows x cols, row-major, type blocks. */
@@ -67,11 +69,13 @@ typedef enum kkv_wt_impl {
  * KKV_ERR_NOMEM if the activation scratch cannot be allocated (out unchanged).
  *
  * Arithmetic (the scalar kernels are the reference definition):
- *  - F32/F16: the fp32 dot product of the row and x.
- *  - Q4_0/Q4_1/Q8_0/Q6_K: x is first quantized to kkv_q8x blocks of 32
+ *  - F32/F16/BF16: the fp32 dot product of the row and x.
+ *  - every other type: x is first quantized to kkv_q8x blocks of 32
  *    (see kkv_q8x_quantize); each block contributes (d_w * d_x) * sumi, with
- *    sumi the exact integer dot product of the quants (Q6_K: sub-block scales
- *    folded in); Q4_1 adds m_w * s_x per block.
+ *    sumi the exact integer dot product of the quants (K-quants: the integer
+ *    sub-block scales folded in); Q4_1/Q5_1 add m_w * s_x per block, and
+ *    Q2_K/Q4_K/Q5_K subtract (dmin_w * d_x) * (integer sub-block mins times
+ *    the sums of x's quants over each sub-block).
  *  The scalar kernels add the block terms in order; the AVX2 kernels keep 8
  *  fp32 lanes and add them at the end, so AVX2 and scalar agree to within
  *  about 1e-6 * sum|terms| (tests hold them to 2e-5 relative to sum|terms|).
@@ -81,12 +85,13 @@ kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const floa
                          int n, kkv_wt_impl impl);
 
 /* One activation block: 32 values as d * q. s = d * (sum of q) (for Q4_1's
- * offset term), isum = sum of q. 48 bytes so q stays 16-byte aligned. */
+ * offset term), isum = sum of q, isum16 = sum of q[0..15] (for Q2_K's
+ * 16-value sub-block mins). 48 bytes so q stays 16-byte aligned. */
 typedef struct kkv_q8x {
     float   d;
     float   s;
     int32_t isum;
-    int32_t pad_;
+    int32_t isum16;
     int8_t  q[32];
 } kkv_q8x;
 

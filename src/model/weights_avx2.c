@@ -52,6 +52,68 @@ static inline __m256i q6k_block(const uint8_t *b, int k) {
     return _mm256_sub_epi8(q, _mm256_set1_epi8(32));
 }
 
+/* Q5_0/Q5_1: 32 unsigned 5-bit quants of a block (qh then qs). */
+static inline __m256i q5_block(const uint8_t *qh, const uint8_t *qs) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    /* byte i takes bit i of h: spread byte i/8 of h over bytes 8(i/8)..+7 (every
+     * lane holds h, so the in-lane shuffle reaches all four), then test bit i%8 */
+    __m256i hv = _mm256_set1_epi32((int)h);
+    __m256i shuf = _mm256_set_epi64x(0x0303030303030303ll, 0x0202020202020202ll, 0x0101010101010101ll, 0);
+    __m256i bytes = _mm256_shuffle_epi8(hv, shuf);
+    __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16));
+    return _mm256_or_si256(unpack_nibbles(qs), hi);
+}
+
+/* Q2_K activation block k: 32 unsigned 2-bit quants. */
+static inline __m256i q2k_block(const uint8_t *b, int k) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (k >> 2)));
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * (k & 3))), _mm256_set1_epi8(3));
+}
+
+/* Q3_K activation block k: 32 signed quants -4..3. */
+static inline __m256i q3k_block(const uint8_t *b, int k) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * (k >> 2)));
+    __m256i lo = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * (k & 3))), _mm256_set1_epi8(3));
+    __m256i hm = _mm256_loadu_si256((const __m256i *)b);
+    __m256i hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(k)), _mm256_set1_epi8(1));
+    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)), _mm256_set1_epi8(4));
+}
+
+/* Q4_K / Q5_K sub-block k: 32 unsigned quants (qs at offset qs_off; Q5_K's
+ * fifth bit is bit k of qh[l] at offset 16). */
+static inline __m256i q45k_block(const uint8_t *b, int k, int five) {
+    const uint8_t *qs = b + (five ? 48 : 16) + 32 * (k >> 1);
+    __m256i v = _mm256_loadu_si256((const __m256i *)qs);
+    __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (k & 1))), _mm256_set1_epi8(15));
+    if (five) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(b + 16));
+        h = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(k)), _mm256_set1_epi8(1));
+        q = _mm256_or_si256(q, _mm256_slli_epi16(h, 4));
+    }
+    return q;
+}
+
+/* Same packing as weights.c's k4_scale_min. */
+static inline void k4_scale_min(const uint8_t *sc, int s, int *scale, int *min) {
+    if (s < 4) {
+        *scale = sc[s] & 63;
+        *min = sc[s + 4] & 63;
+    } else {
+        *scale = (sc[s + 4] & 15) | (sc[s - 4] >> 6) << 4;
+        *min = (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
+    }
+}
+
+/* Same as weights.c's q3k_scale. */
+static inline int q3k_scale(const uint8_t *blk, int s) {
+    const uint8_t *sc = blk + 96;
+    int lo = s < 8 ? (sc[s] & 15) : (sc[s - 8] >> 4);
+    int hi = (sc[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
 /* One weight row against nx activation vectors; always_inline so each nx
  * gets its own unrolled copy. */
 static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t type, const uint8_t *row,
@@ -120,6 +182,95 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             }
         }
         break;
+    case KKV_WT_Q5_0:
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *wb = row + 22 * b;
+            __m256i w = _mm256_sub_epi8(q5_block(wb + 2, wb + 6), _mm256_set1_epi8(16));
+            float d = f16_at(wb);
+            for (int j = 0; j < nx; j++) {
+                const kkv_q8x *x = &xq[j][b];
+                __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), ones);
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+            }
+        }
+        break;
+    case KKV_WT_Q5_1:
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *wb = row + 24 * b;
+            __m256i w = q5_block(wb + 4, wb + 8);
+            float d = f16_at(wb), m = f16_at(wb + 2);
+            for (int j = 0; j < nx; j++) {
+                const kkv_q8x *x = &xq[j][b];
+                __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x->q));
+                __m256i s = _mm256_madd_epi16(p, ones);
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                accm[j] += m * x->s;
+            }
+        }
+        break;
+    case KKV_WT_Q2_K:
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *wb = row + 84 * (b / 8);
+            int k = (int)(b % 8);
+            __m256i w = q2k_block(wb, k);
+            int sc0 = wb[2 * k] & 15, sc1 = wb[2 * k + 1] & 15;
+            int m0 = wb[2 * k] >> 4, m1 = wb[2 * k + 1] >> 4;
+            __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short)sc1), _mm_set1_epi16((short)sc0));
+            float d = f16_at(wb + 80), dmin = f16_at(wb + 82);
+            for (int j = 0; j < nx; j++) {
+                const kkv_q8x *x = &xq[j][b];
+                __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x->q));
+                __m256i s = _mm256_madd_epi16(p, scales);
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                int32_t mins = m0 * x->isum16 + m1 * (x->isum - x->isum16);
+                accm[j] -= (dmin * x->d) * (float)mins;
+            }
+        }
+        break;
+    case KKV_WT_Q3_K:
+        /* scales decoded once per super-block; the products are those of
+         * the per-block definition, so nothing but speed changes */
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *wb = row + 110 * sb;
+            short scl[16];
+            for (int s = 0; s < 16; s++) scl[s] = (short)q3k_scale(wb, s);
+            float d = f16_at(wb + 108);
+            for (int k = 0; k < 8; k++) {
+                int64_t b = 8 * sb + k;
+                __m256i w = q3k_block(wb, k);
+                __m256i scales = _mm256_set_m128i(_mm_set1_epi16(scl[2 * k + 1]), _mm_set1_epi16(scl[2 * k]));
+                for (int j = 0; j < nx; j++) {
+                    const kkv_q8x *x = &xq[j][b];
+                    __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), scales);
+                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                }
+            }
+        }
+        break;
+    case KKV_WT_Q4_K:
+    case KKV_WT_Q5_K: {
+        const int five = type == KKV_WT_Q5_K;
+        const size_t bb = five ? 176 : 144;
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *wb = row + bb * (size_t)sb;
+            int sc[8], mn[8];
+            for (int k = 0; k < 8; k++) k4_scale_min(wb + 4, k, &sc[k], &mn[k]);
+            float d = f16_at(wb), dmin = f16_at(wb + 2);
+            for (int k = 0; k < 8; k++) {
+                int64_t b = 8 * sb + k;
+                __m256i w = q45k_block(wb, k, five);
+                __m256i scales = _mm256_set1_epi16((short)sc[k]);
+                for (int j = 0; j < nx; j++) {
+                    const kkv_q8x *x = &xq[j][b];
+                    __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x->q));
+                    __m256i s = _mm256_madd_epi16(p, scales);
+                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                    accm[j] -= (dmin * x->d) * (float)(mn[k] * x->isum);
+                }
+            }
+        }
+        break;
+    }
     default: break;
     }
     for (int j = 0; j < nx; j++) res[j] = hsum8(acc[j]) + accm[j];
@@ -137,6 +288,10 @@ static void avx2_dot_q(float *res, uint32_t type, const void *row, int64_t cols,
 
 static inline __m256 load8_w(uint32_t type, const uint8_t *row, int64_t i) {
     if (type == KKV_WT_F32) return _mm256_loadu_ps((const float *)(const void *)(row + 4 * i));
+    if (type == KKV_WT_BF16) {
+        __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * i)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+    }
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i)));
 }
 
@@ -144,6 +299,14 @@ static inline float load1_w(uint32_t type, const uint8_t *row, int64_t i) {
     if (type == KKV_WT_F32) {
         float w;
         memcpy(&w, row + 4 * i, 4);
+        return w;
+    }
+    if (type == KKV_WT_BF16) {
+        uint16_t h;
+        memcpy(&h, row + 2 * i, 2);
+        uint32_t u = (uint32_t)h << 16;
+        float w;
+        memcpy(&w, &u, 4);
         return w;
     }
     return f16_at(row + 2 * i);

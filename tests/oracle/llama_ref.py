@@ -28,9 +28,16 @@ max|logit| apart (test_forward.py measures and bounds this).
 kittykv's exact mode (kkv_model_set_exact_matmul) has no activation rounding:
 compare it with act_q8 off.
 
-RoPE is the "normal" (GPT-J style) pairing: llama.cpp's converter permutes the
-Q/K rows of Llama checkpoints so that dims (2i, 2i+1) form a rotation pair
-with angle pos * base^(-2i/rope_dims).
+RoPE is the "normal" (GPT-J style) pairing for llama: llama.cpp's converter
+permutes the Q/K rows of Llama checkpoints so that dims (2i, 2i+1) form a
+rotation pair with angle pos * base^(-2i/rope_dims). qwen2 and qwen3 use the
+NeoX pairing (i, i + rope_dims/2), as llama.cpp's llama_model_rope_type says.
+Rope scaling: a rope_freqs.weight tensor (Llama 3: pair i's angle divided by
+factor i) and/or {arch}.rope.scaling.type = linear (angle / factor).
+
+Architectures: llama; qwen2 (adds blk.N.attn_{q,k,v}.bias after the
+projections); qwen3 (blk.N.attn_{q,k}_norm.weight: RMSNorm of each head of Q
+and K, eps as the block norms, before RoPE).
 
 Usage as a script (sanity check that the model talks):
     llama_ref.py MODEL.gguf --chat "What is the capital of France?" -n 40
@@ -115,9 +122,11 @@ class LlamaRef:
         self.kv_fp16 = kv_fp16
         r = gguf.GGUFReader(path)
         arch = _field(r, "general.architecture")
-        if arch != "llama":
+        if arch not in ("llama", "qwen2", "qwen3"):
             raise ValueError(f"unsupported architecture {arch!r}")
-        p = "llama."
+        self.arch = arch
+        self.neox = arch in ("qwen2", "qwen3")
+        p = arch + "."
         self.n_layers = int(_field(r, p + "block_count"))
         self.n_embd = int(_field(r, p + "embedding_length"))
         self.n_ff = int(_field(r, p + "feed_forward_length"))
@@ -127,6 +136,10 @@ class LlamaRef:
         self.eps = float(_field(r, p + "attention.layer_norm_rms_epsilon"))
         self.head_dim = int(_field(r, p + "attention.key_length", self.n_embd // self.n_heads))
         self.rope_dims = int(_field(r, p + "rope.dimension_count", self.head_dim))
+        stype = _field(r, p + "rope.scaling.type", "none")
+        if stype not in ("none", "linear"):
+            raise ValueError(f"rope scaling {stype!r}")
+        self.rope_linear = float(_field(r, p + "rope.scaling.factor", 1.0)) if stype == "linear" else 1.0
         self.eos = _field(r, "tokenizer.ggml.eos_token_id")
         self.tokens = _field(r, "tokenizer.ggml.tokens")
         self.merges = _field(r, "tokenizer.ggml.merges")
@@ -163,14 +176,21 @@ class LlamaRef:
             # matmul weights kept transposed, [in][out], so x @ w needs no copy
             tr = lambda n: self._transposed(t[f"blk.{i}.{n}.weight"],  # noqa: E731
                                             f"blk.{i}.{n}.weight" in qnames)
+            opt = lambda n: t.get(f"blk.{i}.{n}")  # noqa: E731
             self.layers.append(dict(
                 attn_norm=g("attn_norm"), wq=tr("attn_q"), wk=tr("attn_k"),
                 wv=tr("attn_v"), wo=tr("attn_output"), ffn_norm=g("ffn_norm"),
-                gate=tr("ffn_gate"), up=tr("ffn_up"), down=tr("ffn_down")))
+                gate=tr("ffn_gate"), up=tr("ffn_up"), down=tr("ffn_down"),
+                bq=opt("attn_q.bias"), bk=opt("attn_k.bias"), bv=opt("attn_v.bias"),
+                q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight")))
+        rope_ff = t.get("rope_freqs.weight")
         del t
         self.n_vocab = self.embd.shape[0]
         half = self.rope_dims // 2
         self.inv_freq = self.base ** (-2.0 * np.arange(half, dtype=np.float64) / self.rope_dims)
+        self.inv_freq /= self.rope_linear
+        if rope_ff is not None:
+            self.inv_freq /= np.asarray(rope_ff, dtype=np.float64).reshape(-1)
         self.reset()
 
     def _transposed(self, w, quantized):
@@ -203,10 +223,14 @@ class LlamaRef:
         half = self.rope_dims // 2
         ang = pos[:, None].astype(np.float64) * self.inv_freq[None, :]  # [n][half]
         c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-        a = x[..., 0:2 * half:2].copy()
-        b = x[..., 1:2 * half:2].copy()
-        x[..., 0:2 * half:2] = a * c - b * s
-        x[..., 1:2 * half:2] = a * s + b * c
+        if self.neox:  # pairs (i, i + half)
+            ia, ib = slice(0, half), slice(half, 2 * half)
+        else:          # pairs (2i, 2i + 1)
+            ia, ib = slice(0, 2 * half, 2), slice(1, 2 * half, 2)
+        a = x[..., ia].copy()
+        b = x[..., ib].copy()
+        x[..., ia] = a * c - b * s
+        x[..., ib] = a * s + b * c
         return x
 
     def forward(self, ids, last_only=False):
@@ -222,9 +246,13 @@ class LlamaRef:
         mask = np.arange(p0 + n)[None, :] > pos[:, None]
         for li, L in enumerate(self.layers):
             xn = self._rms(x, L["attn_norm"])
-            q = self._rope(self._mm(xn, L["wq"]).reshape(n, nh, hd), pos)
-            k = self._rope(self._mm(xn, L["wk"]).reshape(n, nkv, hd), pos)
-            v = self._mm(xn, L["wv"]).reshape(n, nkv, hd)
+            q, k, v = self._mm(xn, L["wq"]), self._mm(xn, L["wk"]), self._mm(xn, L["wv"])
+            if L["bq"] is not None:
+                q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
+            q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+            if L["q_norm"] is not None:
+                q, k = self._rms(q, L["q_norm"]), self._rms(k, L["k_norm"])
+            q, k = self._rope(q, pos), self._rope(k, pos)
             if self.kv_fp16:
                 k, v = round_fp16(k), round_fp16(v)
             self.k[li] = np.concatenate([self.k[li], k])

@@ -6,9 +6,14 @@ implementation of the ggml block layouts) against kittykv.
 2. dequantization of real tensors of the default model, one or more of each
    type it holds (Q8_0, Q4_1, F32), compared element by element;
 3. dequantization of random blocks of every type kittykv computes with
-   (F16, Q4_0, Q4_1, Q8_0, Q6_K), compared element by element;
+   (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K),
+   compared element by element;
 4. kkv_matmul on real tensors against numpy's dequant(W) @ x, within the
-   bound the Q8 activation quantization allows.
+   bound the Q8 activation quantization allows;
+5. the same (dequantization and matmul) on a small GGUF file written here
+   with one tensor of every computable type: gguf.quants.quantize where it
+   can quantize the type (BF16, Q5_0, Q5_1, ...), hand-built random blocks
+   for the K-quants it can only dequantize.
 
 kittykv is driven through the test_weights executable's tool modes
 (--dump/--dequant/--matmul/--sizes), found in <build>/tests/. Exits 77 (skip)
@@ -29,6 +34,64 @@ def skip(why):
         sys.exit(1)
     print(f"SKIP: {why}")
     sys.exit(SKIP)
+
+
+def rand_blocks(rng, qt, nblk):
+    """Random blocks of a K-quant or Q5 type: random quant/scale bytes, with
+    the fp16 super-block scales set to sane values (random bytes there would
+    give Inf/NaN or absurd magnitudes)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as GT, GGML_QUANT_SIZES
+
+    def f16(lo, hi):
+        return np.asarray(rng.uniform(lo, hi, nblk), dtype=np.float16).view(np.uint8).reshape(nblk, 2)
+
+    bb = GGML_QUANT_SIZES[qt][1]
+    raw = rng.integers(0, 256, size=(nblk, bb), dtype=np.uint8)
+    if qt == GT.Q5_0:
+        raw[:, 0:2] = f16(-0.1, 0.1)
+    elif qt == GT.Q5_1:
+        raw[:, 0:2] = f16(0, 0.05)
+        raw[:, 2:4] = f16(-1, 0)
+    elif qt == GT.Q2_K:
+        raw[:, 80:82] = f16(0, 0.02)
+        raw[:, 82:84] = f16(0, 0.02)
+    elif qt == GT.Q3_K:
+        raw[:, 108:110] = f16(-0.01, 0.01)
+    elif qt in (GT.Q4_K, GT.Q5_K):
+        raw[:, 0:2] = f16(0, 0.005)
+        raw[:, 2:4] = f16(0, 0.01)
+    elif qt == GT.Q6_K:
+        raw[:, 208:210] = f16(-0.005, 0.005)
+    else:
+        raise ValueError(qt)
+    return raw
+
+
+def write_types_gguf(path, rng, np, gguf, quants):
+    """A GGUF with one [rows][512] tensor per computable type; returns names."""
+    GT = gguf.GGMLQuantizationType
+    w = gguf.GGUFWriter(path, "llama")
+    rows, cols = 24, 512
+    names = []
+    for qt in (GT.F16, GT.BF16, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0,
+               GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K):
+        name = f"w.{qt.name.lower()}"
+        be, bb = gguf.GGML_QUANT_SIZES[qt]
+        try:
+            # the package's own quantizer where it has one (it raises for
+            # types it can only dequantize)
+            vals = rng.normal(0, 0.05, size=(rows, cols)).astype(np.float32)
+            raw = quants.quantize(vals, qt)
+        except NotImplementedError:
+            raw = rand_blocks(rng, qt, rows * cols // be).reshape(rows, cols // be * bb)
+        w.add_tensor(name, raw, raw_dtype=qt)
+        names.append(name)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return names
 
 
 def main():
@@ -137,6 +200,9 @@ def main():
     raw[:, 208:210] = f16_bytes(rng.uniform(-0.01, 0.01, nblk))
     cases[GT.Q6_K] = raw
     cases[GT.F16] = f16_bytes(rng.normal(0, 1, 256)).reshape(1, -1)
+    cases[GT.BF16] = quants.quantize(rng.normal(0, 1, 256).astype(np.float32), GT.BF16).reshape(1, -1)
+    for qt in (GT.Q5_0, GT.Q5_1, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K):
+        cases[qt] = rand_blocks(rng, qt, nblk)
     for qt, raw in cases.items():
         inp, out = os.path.join(tmp, "in.bin"), os.path.join(tmp, "out.f32")
         raw.tofile(inp)
@@ -152,9 +218,27 @@ def main():
             print(f"dequant random {qt.name:5s} {got.size:6d} values, max |diff| {diff.max():.3g}, "
                   f"bit-exact {int((got == ref).sum())}/{got.size}")
 
-    # 4. matmul against numpy, within the activation quantization bound
-    for name in ["blk.0.attn_q.weight", "blk.0.ffn_down.weight", "token_embd.weight"]:
-        t = next((t for t in reader.tensors if t.name == name), None)
+    # 4. matmul against numpy, within the activation quantization bound;
+    # 5. a small GGUF holding one tensor of each computable type
+    small = os.path.join(tmp, "types.gguf")
+    small_names = write_types_gguf(small, rng, np, gguf, quants)
+    small_reader = gguf.GGUFReader(small)
+    for t in small_reader.tensors:
+        ref = quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(-1)
+        out = os.path.join(tmp, "dump.f32")
+        run("--dump", small, t.name, out)
+        got = np.fromfile(out, dtype=np.float32)
+        ok = got.shape == ref.shape
+        check(ok, f"{t.name}: kkv {got.shape} values, gguf {ref.shape}")
+        if ok:
+            exact = int((got.view(np.uint32) == ref.view(np.uint32)).sum())
+            check(exact == got.size, f"{t.name} ({t.tensor_type.name}): {got.size - exact} values not bit-exact")
+            print(f"dequant {t.name:28s} {t.tensor_type.name:5s} {got.size:9d} values, "
+                  f"bit-exact {exact}/{got.size}")
+    jobs = [(model, reader, n) for n in ["blk.0.attn_q.weight", "blk.0.ffn_down.weight", "token_embd.weight"]]
+    jobs += [(small, small_reader, n) for n in small_names]
+    for path, rdr, name in jobs:
+        t = next((t for t in rdr.tensors if t.name == name), None)
         if t is None:
             continue
         W = quants.dequantize(t.data, t.tensor_type).astype(np.float64)
@@ -165,7 +249,7 @@ def main():
         x[1, 5] = 30.0  # an outlier block
         xp, op = os.path.join(tmp, "x.f32"), os.path.join(tmp, "o.f32")
         x.tofile(xp)
-        run("--matmul", model, name, xp, str(n), op)
+        run("--matmul", path, name, xp, str(n), op)
         got = np.fromfile(op, dtype=np.float32).reshape(n, rows).astype(np.float64)
         ref = x.astype(np.float64) @ W.T
         # |error| <= sum over 32-blocks of (d_x / 2) * sum|w| (rounding of x to

@@ -5,6 +5,7 @@
 
 int cmd_quantize(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_passkey(int argc, char **argv);

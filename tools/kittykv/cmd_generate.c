@@ -20,10 +20,6 @@
 #define CMD "generate"
 #define MAX_COMPARE 16 /* methods in one --compare list */
 
-static const char *const CHAT_TEMPLATE =
-    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-    "Face<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n";
-
 /* Options. Four are for tests and left out of --help:
  *   --prompt-ids LIST  comma-separated token ids instead of -p text
  *   --ids-out FILE     the generated ids, comma-separated (stop token included)
@@ -41,6 +37,7 @@ typedef struct opts {
     const char *logits_out; /* hidden: float32 logits of the last prompt token */
     const char *kv;
     const char *compare;    /* --compare LIST as given, or NULL */
+    const char *chat_template; /* --chat-template NAME, or NULL: the model's */
     cli_spec    specs[MAX_COMPARE]; /* [n_methods] --kv (with --alpha) or --compare */
     int         n_methods;  /* 1 without --compare */
     int         n_gen, threads, ctx, chat, have_alpha, have_budget, have_kv;
@@ -101,7 +98,11 @@ static int defs_of(opt_def *d, opts *o) {
         {0, "kv-budget", OPT_FLOAT, 0.001, 1 << 24, &o->budget_mb, &o->have_budget, "MB",
          "KV pool budget per cache (default: exactly what -c tokens need)"},
         {0, "chat", OPT_FLAG, 0, 0, &o->chat, NULL, NULL,
-         "wrap the prompt in the ChatML template of SmolLM2"},
+         "format the prompt as one user message with the model's own chat\n"
+         "template (chatml, llama3, gemma, llama2 or mistral), plus the\n"
+         "assistant's opening"},
+        {0, "chat-template", OPT_STRING, 0, 0, &o->chat_template, &o->chat, "NAME",
+         "use that template family instead (implies --chat)"},
         {0, "prompt-ids", OPT_LIST, 0, 0, &o->prompt_ids, NULL, "LIST", NULL},
         {0, "ids-out", OPT_STRING, 0, 0, &o->ids_out, NULL, "FILE", NULL},
         {0, "logits-out", OPT_STRING, 0, 0, &o->logits_out, NULL, "FILE", NULL},
@@ -136,10 +137,25 @@ static int parse(opts *o, int argc, char **argv) {
                     "method's own settings; it cannot be combined with %s\n", clash);
             return 2;
         }
-        o->n_methods = cli_spec_list(o->specs, MAX_COMPARE, o->compare, err, sizeof err);
-        if (o->n_methods < 0) {
-            fprintf(stderr, "kittykv " CMD ": --compare: %s\n", err);
-            return 2;
+        /* split by hand: unlike eval's lists, a method may be listed twice
+         * (fp16,fp16 checks that two runs of one method agree) */
+        o->n_methods = 0;
+        for (const char *p = o->compare; *p;) {
+            char one[sizeof o->specs[0].name];
+            size_t len = strcspn(p, ",");
+            if (o->n_methods == MAX_COMPARE || len >= sizeof one) {
+                fprintf(stderr, "kittykv " CMD ": --compare takes at most %d specs of at most "
+                        "%zu characters\n", MAX_COMPARE, sizeof one - 1);
+                return 2;
+            }
+            memcpy(one, p, len);
+            one[len] = 0;
+            if (cli_spec_parse(&o->specs[o->n_methods++], one, err, sizeof err)) {
+                fprintf(stderr, "kittykv " CMD ": --compare: %s\n", err);
+                return 2;
+            }
+            p += len;
+            if (*p == ',') p++;
         }
     } else {
         /* --alpha is the spec's alpha key: the spec parser rejects it for a
@@ -207,19 +223,34 @@ static int prompt_tokens(const opts *o, const kkv_model *m, int32_t **ids, int *
     }
     char *chat = NULL;
     if (o->chat) {
-        size_t cap = len + strlen(CHAT_TEMPLATE) + 1;
-        chat = malloc(cap);
-        if (!chat) {
+        if (memchr(text, 0, len)) {
+            free(file_text);
+            return fprintf(stderr, "kittykv " CMD ": a --chat prompt cannot hold NUL bytes\n"), 1;
+        }
+        char *content = malloc(len + 1); /* text may be a file's bytes: NUL-terminate */
+        if (!content) {
             free(file_text);
             return fprintf(stderr, "kittykv " CMD ": out of memory\n"), 1;
         }
-        /* The prompt itself may hold '%' or NUL-free binary: copy, not printf it. */
-        const char *hole = strstr(CHAT_TEMPLATE, "%s");
-        size_t pre = (size_t)(hole - CHAT_TEMPLATE);
-        memcpy(chat, CHAT_TEMPLATE, pre);
-        memcpy(chat + pre, text, len);
-        strcpy(chat + pre + len, hole + 2);
-        len = strlen(hole + 2) + pre + len;
+        memcpy(content, text, len);
+        content[len] = 0;
+        kkv_chat_msg msg = {"user", content};
+        size_t need = 0;
+        kkv_status cs = kkv_chat_format(m, NULL, 0, &need, &msg, 1, 1, o->chat_template);
+        /* *len is set only when the text was made: then the first call failed for room alone */
+        if (cs == KKV_ERR_INVALID_ARG && need > 0) {
+            chat = malloc(need + 1);
+            if (chat) cs = kkv_chat_format(m, chat, need + 1, &need, &msg, 1, 1, o->chat_template);
+        }
+        free(content);
+        if (cs != KKV_OK) {
+            fprintf(stderr, "kittykv " CMD ": --chat: %s\n",
+                    need > 0 && !chat ? "out of memory" : kkv_last_error());
+            free(chat);
+            free(file_text);
+            return 1;
+        }
+        len = need;
         text = chat;
     }
     kkv_status s = kkv_tokenize_alloc(m, ids, n, text, len, 1, o->chat);
@@ -315,7 +346,7 @@ static int run_method(method_run *res, const opts *o, kkv_model *m,
         return fail("sizing the KV pool");
     kkv_cache *cache;
     if (kkv_cache_create(&cache, &cfg) != KKV_OK) return fail("creating the KV cache");
-    int rc = 0, seq;
+    int rc = 0, seq = 0;
     if (kkv_cache_set_threadpool(cache, tp) != KKV_OK) rc = fail("thread pool");
     for (int i = 0; !rc && i < n_prompt; i++)
         if (kkv_sampler_accept(smp, prompt[i]) != KKV_OK) rc = fail("sampler");

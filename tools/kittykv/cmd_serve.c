@@ -63,7 +63,8 @@ static int parse(serve_opts *o, int argc, char **argv) {
         {0, "max-conn", OPT_INT, 1, 1 << 16, &o->max_conn, NULL, "N",
          "open connections at most (default 256)"},
         {0, "chat-template", OPT_STRING, 0, 0, &o->chat_template, NULL, "NAME",
-         "override the GGUF's template (known: chatml)"},
+         "template family instead of the GGUF's own (kittykv tokenize\n"
+         "--help lists them)"},
     };
     int rc = opts_run(CMD, SYNOPSIS, defs, OPTS_N(defs), EPILOG, argc, argv);
     if (!o->model) o->model = cli_default_model();
@@ -142,8 +143,8 @@ int cmd_serve(int argc, char **argv) {
     char spec[128];
     kkv_method_format(spec, sizeof spec, NULL, &method);
     fprintf(stderr, "kittykv serve: %s on http://%s:%d  kv=%s budget=%d MiB ctx=%d parallel=%d "
-            "threads=%d\n", s.model_id, o.host, o.port, spec, o.budget_mb, s.ctx, o.parallel,
-            o.threads);
+            "threads=%d chat=%s\n", s.model_id, o.host, o.port, spec, o.budget_mb, s.ctx,
+            o.parallel, o.threads, s.chat_template);
     fflush(stderr);
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -13,6 +13,7 @@
 #include "kittykv.h"
 #include "kittykv_cpu.h"
 #include "kittykv_eval.h"
+#include "kittykv_model.h"
 #include "opts.h"
 #include "util.h"
 
@@ -112,10 +113,61 @@ static int run_one(const kkv_model *tok, const opts *o, const char *text, size_t
     return 0;
 }
 
+/* The chat text of data (one user message, or ROLE<TAB>CONTENT lines when
+ * turns) in a malloc'd *out [*out_len + 1]. Returns 0, 1 or 2 (bad input). */
+static int format_chat(const kkv_model *tok, char *data, size_t len, int turns,
+                       const char *name, int add_gen, char **out, size_t *out_len) {
+    size_t cap_msgs = 1;
+    for (size_t i = 0; i < len; i++) cap_msgs += data[i] == '\n';
+    kkv_chat_msg *msgs = malloc(cap_msgs * sizeof *msgs); /* [cap_msgs] */
+    if (!msgs) return 1;
+    int n = 0;
+    if (!turns) {
+        msgs[n++] = (kkv_chat_msg){"user", data};
+    } else {
+        size_t pos = 0;
+        for (long ln = 1; pos < len; ln++) {
+            char *nl = memchr(data + pos, '\n', len - pos);
+            size_t end = nl ? (size_t)(nl - data) : len;
+            char *tab = memchr(data + pos, '\t', end - pos);
+            if (!tab) {
+                fprintf(stderr, "kittykv tokenize: --chat-turns line %ld has no TAB after the role\n", ln);
+                free(msgs);
+                return 2;
+            }
+            *tab = 0;
+            long l = unescape(tab + 1, (size_t)(data + end - tab - 1), ln);
+            if (l < 0) {
+                free(msgs);
+                return 2;
+            }
+            tab[1 + l] = 0; /* unescaping only shrinks: this stays inside the line */
+            msgs[n++] = (kkv_chat_msg){data + pos, tab + 1};
+            pos = end + 1;
+        }
+    }
+    size_t need = 0;
+    kkv_status s = kkv_chat_format(tok, NULL, 0, &need, msgs, n, add_gen, name);
+    *out = NULL;
+    if (s == KKV_ERR_INVALID_ARG && need > 0) {
+        *out = malloc(need + 1);
+        if (*out) s = kkv_chat_format(tok, *out, need + 1, &need, msgs, n, add_gen, name);
+    }
+    free(msgs);
+    if (s != KKV_OK) {
+        fprintf(stderr, "kittykv tokenize: %s\n", need > 0 && !*out ? "out of memory" : kkv_last_error());
+        free(*out);
+        *out = NULL;
+        return 1;
+    }
+    *out_len = need;
+    return 0;
+}
+
 int cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL, *text = NULL, *file = NULL, *pre = NULL;
+    const char *model = NULL, *text = NULL, *file = NULL, *pre = NULL, *chat_template = NULL;
     opts o = {1, 0, 0, 0};
-    int lines = 0, no_bos = 0;
+    int lines = 0, no_bos = 0, chat = 0, turns = 0, no_gen = 0, print_chat = 0;
     const opt_def defs[] = {
         {'m', "model", OPT_STRING, 0, 0, &model, NULL, "MODEL",
          "GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf or $KKV_MODEL)"},
@@ -136,6 +188,19 @@ int cmd_tokenize(int argc, char **argv) {
          "override the model's pre-tokenizer (testing)"},
         {0, "stats", OPT_FLAG, 0, 0, &o.stats, NULL, NULL,
          "print the token count and speed on stderr"},
+        {0, "chat", OPT_FLAG, 0, 0, &chat, NULL, NULL,
+         "the text is one user message: format it with the model's chat\n"
+         "template (implies --special), plus the assistant's opening"},
+        {0, "chat-turns", OPT_FLAG, 0, 0, &turns, NULL, NULL,
+         "the text is a conversation, one message per line as\n"
+         "ROLE<TAB>CONTENT with the --lines escapes (implies --chat)"},
+        {0, "chat-template", OPT_STRING, 0, 0, &chat_template, &chat, "NAME",
+         "chatml, llama3, gemma, llama2 or mistral instead of the model's\n"
+         "own template (implies --chat)"},
+        {0, "no-gen-prompt", OPT_FLAG, 0, 0, &no_gen, NULL, NULL,
+         "leave out the assistant's opening"},
+        {0, "print-chat", OPT_FLAG, 0, 0, &print_chat, NULL, NULL,
+         "print the formatted chat text as it is, instead of ids"},
     };
     int rc0 = opts_run("tokenize", "[-m MODEL] (-p TEXT | -f FILE) [options]", defs,
                        OPTS_N(defs), "Output: token ids separated by spaces on one line.\n",
@@ -151,6 +216,12 @@ int cmd_tokenize(int argc, char **argv) {
         fprintf(stderr, "kittykv tokenize: --lines and --pieces do not combine\n");
         return 2;
     }
+    if (turns || print_chat) chat = 1;
+    if (lines && chat) {
+        fprintf(stderr, "kittykv tokenize: --lines and the chat options do not combine\n");
+        return 2;
+    }
+    if (chat) o.special = 1;
 
     char *data;
     size_t len;
@@ -173,6 +244,30 @@ int cmd_tokenize(int argc, char **argv) {
         fprintf(stderr, "kittykv tokenize: %s: %s\n", model, kkv_last_error());
         free(data);
         return 1;
+    }
+    if (chat) {
+        char *ct = NULL;
+        size_t cl = 0;
+        if (memchr(data, 0, len)) {
+            fprintf(stderr, "kittykv tokenize: a chat text cannot hold NUL bytes\n");
+            kkv_model_free(tok);
+            free(data);
+            return 1;
+        }
+        int rc = format_chat(tok, data, len, turns, chat_template, !no_gen, &ct, &cl);
+        free(data);
+        if (rc) {
+            kkv_model_free(tok);
+            return rc;
+        }
+        data = ct;
+        len = cl;
+        if (print_chat) {
+            int bad = fwrite(data, 1, len, stdout) != len;
+            kkv_model_free(tok);
+            free(data);
+            return bad;
+        }
     }
 
     int rc = 0;

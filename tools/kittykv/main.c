@@ -15,6 +15,7 @@ typedef struct {
 
 static const command commands[] = {
     {"generate", cmd_generate, "generate text with a GGUF model on a quantized KV cache"},
+    {"chat", cmd_chat, "multi-turn chat on stdin, the conversation kept in the cache"},
     {"eval", cmd_eval, "KL divergence / perplexity / top-1 of every method vs fp16"},
     {"passkey", cmd_passkey, "passkey retrieval accuracy per method, length and depth"},
     {"analyze", cmd_analyze, "channel sensitivity, heatmaps, ablations (CSV/JSON/PNG)"},

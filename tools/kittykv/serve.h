@@ -76,8 +76,7 @@ typedef struct srv {
     int             queue_max;
     double          queue_timeout_s;
     int             chunk;     /* prefill tokens per step */
-    int             chat_kind; /* serve_chat.c */
-    const char     *chat_default_system; /* NULL: none */
+    const char     *chat_template; /* kkv_chat_* family name (static storage) */
 
     /* state under mu */
     pthread_mutex_t mu;
@@ -106,14 +105,14 @@ srv_req *srv_req_new(void);
 void srv_count_status(srv *s, int status);
 
 /* Chat templates (serve_chat.c). */
-enum { CHAT_CHATML = 1 };
-/* Picks the template from the model (or the override name). 0, or -1 with a
- * message in err. */
+/* Picks the template family from the model (or the override name). 0, or -1
+ * with a message in err. */
 int  srv_chat_init(srv *s, const char *override_name, char *err, size_t cap);
-/* Appends role/content turns in the template, then the assistant prefix.
- * roles, contents: [n]. Returns a malloc'd NUL-terminated prompt, NULL on OOM. */
-char *srv_chat_render(const srv *s, const char *const *roles, const char *const *contents,
-                      int n);
+/* The role/content turns in the template, then the assistant's opening.
+ * roles, contents: [n]. A malloc'd NUL-terminated prompt, or NULL with the
+ * reason in err. Takes tok_mu. */
+char *srv_chat_render(srv *s, const char *const *roles, const char *const *contents, int n,
+                      char *err, size_t cap);
 
 /* HTTP front end (serve_http.c). */
 typedef struct srv_http srv_http;

@@ -1,96 +1,71 @@
-/* kittykv serve: chat templates. The model library has no chat-template call
- * yet (kkv_chat_* is being added on another branch), so the server recognises
- * ChatML from the GGUF's tokenizer.chat_template itself and refuses to start
- * on any other template rather than silently using the wrong one. */
+/* kittykv serve: chat templates through the model library (kkv_chat_*): the
+ * family is recognised from the GGUF's tokenizer.chat_template at start-up,
+ * or named with --chat-template; an unknown template stops the server there
+ * instead of rendering prompts the model was not trained on. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "serve.h"
 
-#define SMOL_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+static void known(char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (const char *const *t = kkv_chat_template_names(); *t && n < cap; t++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", *t);
+}
 
 int srv_chat_init(srv *s, const char *override_name, char *err, size_t cap) {
+    char names[160];
+    known(names, sizeof names);
     if (override_name) {
-        if (!strcmp(override_name, "chatml")) {
-            s->chat_kind = CHAT_CHATML;
-            s->chat_default_system = NULL;
-            return 0;
-        }
-        snprintf(err, cap, "unknown --chat-template '%s' (this build knows: chatml)",
-                 override_name);
+        for (const char *const *t = kkv_chat_template_names(); *t; t++)
+            if (!strcmp(*t, override_name)) {
+                s->chat_template = *t;
+                return 0;
+            }
+        snprintf(err, cap, "unknown --chat-template '%s' (known: %s)", override_name, names);
         return -1;
     }
-    size_t len = 0;
-    kkv_status st = kkv_model_meta_str(s->model, "tokenizer.chat_template", NULL, 0, &len);
-    if (st == KKV_ERR_NOT_FOUND) {
-        snprintf(err, cap, "the model has no tokenizer.chat_template; pass --chat-template "
-                 "chatml if it was trained on ChatML");
-        return -1;
+    const char *name = NULL;
+    kkv_status st = kkv_chat_template_detect(s->model, &name);
+    if (st == KKV_OK) {
+        s->chat_template = name;
+        return 0;
     }
-    char *t = malloc(len + 1);
-    if (!t || kkv_model_meta_str(s->model, "tokenizer.chat_template", t, len + 1, NULL)) {
-        free(t);
-        snprintf(err, cap, "reading tokenizer.chat_template: %s", kkv_last_error());
-        return -1;
-    }
-    int chatml = strstr(t, "<|im_start|>") && strstr(t, "<|im_end|>");
-    /* SmolLM2's template inserts its own system turn when there is none. */
-    s->chat_default_system = chatml && strstr(t, SMOL_SYSTEM) ? SMOL_SYSTEM : NULL;
-    free(t);
-    if (!chatml) {
-        snprintf(err, cap, "the model's chat template is not ChatML, the only family this "
-                 "build renders (--chat-template chatml forces it)");
-        return -1;
-    }
-    s->chat_kind = CHAT_CHATML;
-    return 0;
+    if (st == KKV_ERR_NOT_FOUND)
+        snprintf(err, cap, "the model has no tokenizer.chat_template; name its family with "
+                 "--chat-template NAME (known: %s)", names);
+    else
+        snprintf(err, cap, "the model's chat template is none of the known families (%s): "
+                 "%s; --chat-template NAME forces one", names, kkv_last_error());
+    return -1;
 }
 
-typedef struct sbuf {
-    char  *p;
-    size_t n, cap;
-    int    oom;
-} sbuf;
-
-static void put(sbuf *b, const char *s) {
-    size_t l = strlen(s);
-    if (b->oom) return;
-    if (b->n + l + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + l + 1) cap *= 2;
-        char *np = realloc(b->p, cap);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, l + 1);
-    b->n += l;
-}
-
-char *srv_chat_render(const srv *s, const char *const *roles, const char *const *contents,
-                      int n) {
-    sbuf b = {0};
-    put(&b, "");
-    if (s->chat_default_system && (n == 0 || strcmp(roles[0], "system"))) {
-        put(&b, "<|im_start|>system\n");
-        put(&b, s->chat_default_system);
-        put(&b, "<|im_end|>\n");
-    }
-    for (int i = 0; i < n; i++) {
-        put(&b, "<|im_start|>");
-        put(&b, roles[i]);
-        put(&b, "\n");
-        put(&b, contents[i]);
-        put(&b, "<|im_end|>\n");
-    }
-    put(&b, "<|im_start|>assistant\n");
-    if (b.oom) {
-        free(b.p);
+char *srv_chat_render(srv *s, const char *const *roles, const char *const *contents, int n,
+                      char *err, size_t cap) {
+    kkv_chat_msg *msgs = malloc((size_t)(n > 0 ? n : 1) * sizeof *msgs); /* [n] */
+    if (!msgs) {
+        snprintf(err, cap, "out of memory");
         return NULL;
     }
-    return b.p;
+    for (int i = 0; i < n; i++) msgs[i] = (kkv_chat_msg){roles[i], contents[i]};
+    size_t len = 0;
+    char *out = NULL;
+    /* the vocabulary handle is shared by the HTTP threads: under tok_mu */
+    pthread_mutex_lock(&s->tok_mu);
+    kkv_status st = kkv_chat_format(s->vocab, NULL, 0, &len, msgs, n, 1, s->chat_template);
+    if (st == KKV_ERR_INVALID_ARG && len > 0 && (out = malloc(len + 1)))
+        st = kkv_chat_format(s->vocab, out, len + 1, &len, msgs, n, 1, s->chat_template);
+    else if (st == KKV_OK)
+        out = strdup("");
+    if (st != KKV_OK) snprintf(err, cap, "chat template: %s", kkv_last_error());
+    pthread_mutex_unlock(&s->tok_mu);
+    free(msgs);
+    if (st != KKV_OK) {
+        free(out);
+        return NULL;
+    }
+    if (!out) snprintf(err, cap, "out of memory");
+    return out;
 }

@@ -266,8 +266,7 @@ static char *chat_prompt(srv *s, const cJSON *root, char *err, size_t cap, const
             goto done;
         }
     }
-    prompt = srv_chat_render(s, roles, (const char *const *)texts, n);
-    if (!prompt) snprintf(err, cap, "out of memory");
+    prompt = srv_chat_render(s, roles, (const char *const *)texts, n, err, cap);
 done:
     for (int k = 0; texts && k < n; k++) free(texts[k]);
     free(texts);

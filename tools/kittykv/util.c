@@ -135,7 +135,21 @@ void cli_json_str(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+/* Control bytes of a message (echoed user text) become '?': one line. */
+static void one_line(char *s) {
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7F) *s = '?';
+}
+
+static int spec_parse(cli_spec *out, const char *text, char *err, size_t errlen);
+
 int cli_spec_parse(cli_spec *out, const char *text, char *err, size_t errlen) {
+    int rc = spec_parse(out, text, err, errlen);
+    if (rc && errlen) one_line(err);
+    return rc;
+}
+
+static int spec_parse(cli_spec *out, const char *text, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     size_t len = strlen(text);
     if (len == 0 || len >= sizeof out->name) {
@@ -160,6 +174,7 @@ int cli_spec_list(cli_spec *out, int cap, const char *list, char *err, size_t er
         char one[sizeof out->name];
         if (len == 0 || len >= sizeof one) {
             snprintf(err, errlen, "bad method list '%s'", list);
+            if (errlen) one_line(err);
             return -1;
         }
         if (n >= cap) {
@@ -172,6 +187,7 @@ int cli_spec_list(cli_spec *out, int cap, const char *list, char *err, size_t er
         for (int i = 0; i < n; i++)
             if (!strcmp(out[i].name, one)) {
                 snprintf(err, errlen, "method '%s' is listed twice", one);
+                if (errlen) one_line(err);
                 return -1;
             }
         n++;
@@ -179,6 +195,7 @@ int cli_spec_list(cli_spec *out, int cap, const char *list, char *err, size_t er
         if (*p == ',') p++;
     }
     if (n == 0) snprintf(err, errlen, "empty method list");
+    if (n == 0 && errlen) one_line(err);
     return n ? n : -1;
 }
 
