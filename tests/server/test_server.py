@@ -122,13 +122,19 @@ def metrics(srv, headers=None):
     return out
 
 
+def pool_used(m):
+    """Pool bytes held by requests: all used bytes but the prefix cache's."""
+    return (m.get('kittykv_kv_pool_bytes{state="used"}', -1)
+            - m.get("kittykv_prefix_cache_bytes", 0))
+
+
 def wait_idle(srv, timeout=30, headers=None):
     deadline = time.time() + timeout
     m = {}
     while time.time() < deadline:
         m = metrics(srv, headers)
         if (m.get("kittykv_active_sequences") == 0 and m.get("kittykv_queued_requests") == 0
-                and m.get('kittykv_kv_pool_bytes{state="used"}') == 0):
+                and pool_used(m) == 0):
             return m
         time.sleep(0.1)
     return m
@@ -245,7 +251,7 @@ def test_concurrent(srv, hdr):
                   f"!= alone {alone[i]!r}")
     print(f"test_server: 16 concurrent clients, {same}/16 equal to the request served alone")
     m = wait_idle(srv, headers=hdr)
-    check(m.get('kittykv_kv_pool_bytes{state="used"}') == 0, "pool empty after the batch")
+    check(pool_used(m) == 0, "pool empty after the batch")
 
 
 def test_bad(srv, hdr):
@@ -318,10 +324,56 @@ def test_disconnect(srv, hdr):
     t0 = time.time()
     m = wait_idle(srv, timeout=10, headers=hdr)
     dt = time.time() - t0
-    check(m.get("kittykv_active_sequences") == 0 and
-          m.get('kittykv_kv_pool_bytes{state="used"}') == 0,
+    check(m.get("kittykv_active_sequences") == 0 and pool_used(m) == 0,
           f"disconnect frees the sequence ({m.get('kittykv_active_sequences')} active)")
     print(f"test_server: sequence freed {dt:.2f} s after the client left")
+
+
+def ttft_stream(srv, hdr, body):
+    """(text, seconds to the first content token) of a streamed chat request."""
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=300)
+    t0 = time.time()
+    c.request("POST", "/v1/chat/completions", json.dumps(dict(body, stream=True)),
+              dict(hdr, **{"Content-Type": "application/json"}))
+    r = c.getresponse()
+    text, first = "", None
+    for line in r:
+        if line.startswith(b"data: {"):
+            ev = json.loads(line[6:])
+            d = ev["choices"][0]["delta"].get("content") if ev.get("choices") else None
+            if d:
+                first = first or time.time() - t0
+                text += d
+    c.close()
+    return text, first
+
+
+def test_prefix(srv, hdr):
+    """The next turn of a conversation continues the previous turn's sequence:
+    same text as without the hit, sooner first token."""
+    system = "You answer questions. " + " ".join(PROMPTS * 3)
+    turn1 = {"messages": [{"role": "system", "content": system},
+                          {"role": "user", "content": "What is the capital of France?"}],
+             "max_tokens": 12, "temperature": 0}
+    st, b = raw(srv, "POST", "/v1/chat/completions", turn1, hdr)
+    check(st == 200, f"turn 1: {st}")
+    answer = text_of("chat", b)
+    turn2 = {"messages": turn1["messages"] + [{"role": "assistant", "content": answer},
+                                              {"role": "user", "content": "And of Spain?"}],
+             "max_tokens": 12, "temperature": 0}
+    m0 = metrics(srv, hdr)
+    hit_text, hit_ttft = ttft_stream(srv, hdr, turn2)
+    m1 = metrics(srv, hdr)
+    hits = m1.get('kittykv_prefix_lookups_total{result="hit"}', 0) - \
+        m0.get('kittykv_prefix_lookups_total{result="hit"}', 0)
+    reused = m1.get("kittykv_prefix_tokens_reused_total", 0) - \
+        m0.get("kittykv_prefix_tokens_reused_total", 0)
+    check(hits == 1 and reused > 100, f"turn 2 hits the prefix cache ({hits}, {reused} tokens)")
+    miss_text, miss_ttft = ttft_stream(srv, hdr, turn2)  # turn 1's entry is used up
+    check(hit_text == miss_text, f"prefix hit gives the same text: {hit_text!r} vs "
+                                 f"{miss_text!r}")
+    print(f"test_server: time to first token, {int(reused)}-token prefix: hit "
+          f"{hit_ttft:.2f} s, miss {miss_ttft:.2f} s")
 
 
 def test_queue_and_pool(exe, model, srcdir):
@@ -446,12 +498,12 @@ def soak(exe, model, seconds, env, log):
         t.join(seconds + 120)
     m = wait_idle(srv, timeout=60)
     rss_end = srv.rss()
-    used = m.get('kittykv_kv_pool_bytes{state="used"}')
+    used = pool_used(m)
     print(f"test_server: soak {seconds:.0f} s: {counts}, RSS {rss_mid[0] >> 20} -> "
           f"{rss_end >> 20} MiB, pool used {used}")
     check(counts["ok"] > 0 and counts["other"] == 0, f"soak answers {counts}")
-    check(m.get('kittykv_kv_pool_bytes{state="used"}') == 0 and
-          m.get("kittykv_active_sequences") == 0, "soak: pool empty at the end")
+    check(pool_used(m) == 0 and m.get("kittykv_active_sequences") == 0,
+          "soak: pool empty at the end")
     check(rss_end <= rss_mid[0] * 1.25 + (16 << 20), "soak: RSS flat")
     rc = srv.stop()
     check(rc == 0, f"soak server exit status {rc} (sanitizer reports in {log})")
@@ -488,6 +540,7 @@ def main():
             test_bad(srv, hdr)
             test_concurrent(srv, hdr)
             test_disconnect(srv, hdr)
+            test_prefix(srv, hdr)
         finally:
             check(srv.stop() == 0, "server exits cleanly on SIGTERM")
         test_queue_and_pool(a.kittykv, model, a.source_dir)

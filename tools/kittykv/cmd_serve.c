@@ -15,7 +15,7 @@
 
 typedef struct serve_opts {
     const char *model, *host, *kv, *api_key, *chat_template;
-    int port, budget_mb, ctx, threads, parallel, queue, chunk, body_kb, max_conn;
+    int port, budget_mb, ctx, threads, parallel, queue, chunk, body_kb, max_conn, prefix;
     float queue_timeout;
 } serve_opts;
 
@@ -31,7 +31,7 @@ static int parse(serve_opts *o, int argc, char **argv) {
     *o = (serve_opts){.model = NULL, .host = "127.0.0.1", .kv = "kitty", .port = 8080,
                       .budget_mb = 256, .threads = kkv_cpu_count(), .parallel = 64,
                       .queue = 64, .queue_timeout = 30, .chunk = 16, .body_kb = 1024,
-                      .max_conn = 256};
+                      .max_conn = 256, .prefix = 8};
     if (o->threads > CLI_MAX_THREADS) o->threads = CLI_MAX_THREADS;
     const opt_def defs[] = {
         {'m', "model", OPT_STRING, 0, 0, &o->model, NULL, "MODEL",
@@ -62,6 +62,10 @@ static int parse(serve_opts *o, int argc, char **argv) {
          "largest request body in KiB (default 1024); past that: 413"},
         {0, "max-conn", OPT_INT, 1, 1 << 16, &o->max_conn, NULL, "N",
          "open connections at most (default 256)"},
+        {0, "prefix-cache", OPT_INT, 0, 4096, &o->prefix, NULL, "N",
+         "finished sequences kept for reuse by a prompt that starts with\n"
+         "all their tokens (a conversation's next turn); evicted LRU when\n"
+         "the pool needs room (default 8, 0: off)"},
         {0, "chat-template", OPT_STRING, 0, 0, &o->chat_template, NULL, "NAME",
          "template family instead of the GGUF's own (kittykv tokenize\n"
          "--help lists them)"},
@@ -122,7 +126,13 @@ int cmd_serve(int argc, char **argv) {
     s.chunk = o.chunk;
     model_id(s.model_id, sizeof s.model_id, o.model);
     kkv_cache_config cfg = kkv_model_cache_config(s.model, &method, (size_t)o.budget_mb << 20);
-    cfg.max_seqs = o.parallel;
+    cfg.max_seqs = o.parallel + o.prefix;
+    s.pc_max = o.prefix;
+    s.pc = calloc((size_t)o.prefix + 1, sizeof *s.pc);
+    if (!s.pc) {
+        fprintf(stderr, "kittykv " CMD ": out of memory\n");
+        goto out;
+    }
     cfg.max_tokens = s.ctx;
     cfg.n_threads = 1; /* attention runs on the shared pool set below */
     if (kkv_threadpool_create(&tp, o.threads) != KKV_OK ||
@@ -159,6 +169,7 @@ out:
         pthread_cond_destroy(&s.wake);
     }
     kkv_cache_free(s.cache);
+    free(s.pc);
     kkv_threadpool_free(tp);
     kkv_model_free(s.vocab);
     kkv_model_free(s.model);

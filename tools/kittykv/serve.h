@@ -48,6 +48,9 @@ struct srv_req {
     int             seq;
     int             n_fed;   /* prompt tokens already prefilled */
     int32_t         last;    /* token to feed at the next decode step */
+    int32_t        *gen;     /* [gen_cap] tokens generated, for the prefix cache */
+    int             gen_cap;
+    int             reused;  /* prompt tokens that came from the prefix cache */
     kkv_sampler    *smp;
     kkv_utf8_stream u8;
     srv_req        *next;    /* queue / active list link */
@@ -57,11 +60,26 @@ typedef struct srv_metrics {
     uint64_t req_by_status[6]; /* 200, 400, 401, 404/405, 413, 503/500 */
     uint64_t prompt_tokens, gen_tokens, decode_steps, prefill_chunks;
     uint64_t finished_stop, finished_length, cancelled;
+    uint64_t prefix_hits, prefix_misses, prefix_tokens_reused, prefix_evictions;
+    uint64_t prefix_bytes;     /* pool bytes held by prefix-cache entries */
+    int      prefix_entries;
     double   decode_tps;       /* tokens/s of recent decode steps (moving average) */
     kkv_mem  mem;              /* snapshot of kkv_cache_mem after the last step */
     uint64_t pool_free;
     int      active, queued;
 } srv_metrics;
+
+/* A finished sequence kept in the pool with the tokens it holds: a later
+ * prompt that starts with all of them (the next turn of a conversation)
+ * continues it instead of recomputing them. Without kkv_seq_fork an entry is
+ * taken over by one request; with fork it would be forked per request, so a
+ * shared system prompt serves many (the lookup, LRU and eviction stay). */
+typedef struct srv_prefix {
+    int      seq;
+    int32_t *tokens; /* [n] owned */
+    int      n;
+    uint64_t last_used; /* scheduler step counter, for LRU */
+} srv_prefix;
 
 typedef struct srv {
     /* configuration */
@@ -88,6 +106,9 @@ typedef struct srv {
     int             n_active;
     srv_metrics     m;
     uint64_t        next_id;
+    srv_prefix     *pc;        /* [pc_max] prefix cache (scheduler thread) */
+    int             pc_max, n_pc;
+    uint64_t        tick;
     pthread_t       thread;
 } srv;
 

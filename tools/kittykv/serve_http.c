@@ -640,7 +640,7 @@ static enum MHD_Result metrics(struct MHD_Connection *c, srv *s) {
     pthread_mutex_lock(&s->mu);
     m = s->m;
     pthread_mutex_unlock(&s->mu);
-    size_t cap = 8192, n = 0;
+    size_t cap = 16384, n = 0;
     char *b = malloc(cap);
     if (!b) return send_error(c, s, 500, "out of memory", NULL, NULL);
 #define P(...) n += (size_t)snprintf(b + n, n < cap ? cap - n : 0, __VA_ARGS__)
@@ -680,9 +680,21 @@ static enum MHD_Result metrics(struct MHD_Connection *c, srv *s) {
     for (int i = 0; i < 7; i++)
         P("kittykv_kv_stored_bytes{component=\"%s\"} %llu\n", comp[i],
           (unsigned long long)val[i]);
-    P("# HELP kittykv_prefix_shared_bytes KV bytes shared between sequences by the prefix "
-      "cache (none yet: it needs kkv_seq_fork).\n"
+    P("# HELP kittykv_prefix_cache_bytes Pool bytes held by prefix-cache entries.\n"
+      "# TYPE kittykv_prefix_cache_bytes gauge\nkittykv_prefix_cache_bytes %llu\n"
+      "# TYPE kittykv_prefix_cache_entries gauge\nkittykv_prefix_cache_entries %d\n",
+      (unsigned long long)m.prefix_bytes, m.prefix_entries);
+    P("# HELP kittykv_prefix_shared_bytes KV bytes shared between live sequences (0 until "
+      "entries are forked with kkv_seq_fork instead of taken over).\n"
       "# TYPE kittykv_prefix_shared_bytes gauge\nkittykv_prefix_shared_bytes 0\n");
+    P("# TYPE kittykv_prefix_lookups_total counter\n"
+      "kittykv_prefix_lookups_total{result=\"hit\"} %llu\n"
+      "kittykv_prefix_lookups_total{result=\"miss\"} %llu\n"
+      "# TYPE kittykv_prefix_tokens_reused_total counter\n"
+      "kittykv_prefix_tokens_reused_total %llu\n"
+      "# TYPE kittykv_prefix_evictions_total counter\nkittykv_prefix_evictions_total %llu\n",
+      (unsigned long long)m.prefix_hits, (unsigned long long)m.prefix_misses,
+      (unsigned long long)m.prefix_tokens_reused, (unsigned long long)m.prefix_evictions);
     P("# TYPE kittykv_kv_tokens gauge\nkittykv_kv_tokens %llu\n",
       (unsigned long long)m.mem.tokens);
     P("# HELP kittykv_decode_tokens_per_second Tokens per second of recent decode steps.\n"

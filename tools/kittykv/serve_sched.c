@@ -38,6 +38,7 @@ static void req_free(srv_req *r) {
     free(r->prompt);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->text);
+    free(r->gen);
     kkv_sampler_free(r->smp);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -179,6 +180,15 @@ static void update_emit(srv_req *r) {
 
 static void on_token(srv *s, srv_req *r, int32_t tok, double now) {
     if (r->state == REQ_DONE) return;
+    if (r->n_gen == r->gen_cap) {
+        int cap = r->gen_cap ? 2 * r->gen_cap : 64;
+        int32_t *g = realloc(r->gen, (size_t)cap * sizeof *g);
+        if (g) {
+            r->gen = g;
+            r->gen_cap = cap;
+        }
+    }
+    if (r->n_gen < r->gen_cap) r->gen[r->n_gen] = tok;
     r->n_gen++;
     s->m.gen_tokens++;
     if (r->t_first == 0) r->t_first = now;
@@ -210,13 +220,71 @@ static void on_token(srv *s, srv_req *r, int32_t tok, double now) {
     pthread_cond_broadcast(&r->cv);
 }
 
+/* ---- prefix cache (scheduler thread, under mu) */
+
+static void pc_drop(srv *s, int i) {
+    kkv_seq_free(s->cache, s->pc[i].seq);
+    free(s->pc[i].tokens);
+    s->pc[i] = s->pc[--s->n_pc];
+}
+
+/* Frees the least recently used entry; 0 if there was none. */
+static int pc_evict(srv *s) {
+    if (s->n_pc == 0) return 0;
+    int lru = 0;
+    for (int i = 1; i < s->n_pc; i++)
+        if (s->pc[i].last_used < s->pc[lru].last_used) lru = i;
+    pc_drop(s, lru);
+    s->m.prefix_evictions++;
+    return 1;
+}
+
+/* Keeps a finished request's sequence as an entry when every token it holds
+ * is known (prompt + generated tokens fed back); else frees it. */
+static void pc_keep_or_free(srv *s, srv_req *r) {
+    int held = kkv_seq_len(s->cache, r->seq, 0);
+    int ok = s->pc_max > 0 && !r->cancelled && !r->err_status && r->n_gen > 0 &&
+             r->n_gen <= r->gen_cap && held == r->n_prompt + r->n_gen - 1;
+    int32_t *t = ok ? malloc((size_t)held * sizeof *t) : NULL;
+    if (!t) {
+        kkv_seq_free(s->cache, r->seq);
+        return;
+    }
+    memcpy(t, r->prompt, (size_t)r->n_prompt * sizeof *t);
+    memcpy(t + r->n_prompt, r->gen, (size_t)(held - r->n_prompt) * sizeof *t);
+    if (s->n_pc == s->pc_max) pc_evict(s);
+    s->pc[s->n_pc++] = (srv_prefix){r->seq, t, held, ++s->tick};
+}
+
+/* The entry holding the longest proper prefix of r's prompt, or -1. */
+static int pc_find(const srv *s, const srv_req *r) {
+    int best = -1;
+    for (int i = 0; i < s->n_pc; i++) {
+        const srv_prefix *e = &s->pc[i];
+        if (e->n < r->n_prompt && (best < 0 || e->n > s->pc[best].n) &&
+            !memcmp(e->tokens, r->prompt, (size_t)e->n * sizeof *e->tokens))
+            best = i;
+    }
+    return best;
+}
+
+static void pc_account(srv *s) {
+    uint64_t b = 0;
+    for (int i = 0; i < s->n_pc; i++) {
+        kkv_mem m;
+        if (kkv_seq_mem(s->cache, &m, s->pc[i].seq) == KKV_OK) b += m.capacity;
+    }
+    s->m.prefix_bytes = b;
+    s->m.prefix_entries = s->n_pc;
+}
+
 /* ---- lists (under mu) */
 
 static void reap(srv *s, double now) {
     for (srv_req **pp = &s->active; *pp;) {
         srv_req *r = *pp;
         if (r->cancelled || r->state == REQ_DONE) {
-            kkv_seq_free(s->cache, r->seq);
+            pc_keep_or_free(s, r);
             r->seq = -1;
             if (r->state != REQ_DONE) r->state = REQ_DONE;
             *pp = r->next;
@@ -264,11 +332,34 @@ static void push_active(srv *s, srv_req *r) {
 static void admit(srv *s) {
     while (s->queue_head && s->n_active < s->parallel) {
         srv_req *r = s->queue_head;
-        int seq = -1;
-        kkv_status st = kkv_seq_add(s->cache, &seq);
-        if (st == KKV_OK) {
-            st = kkv_seq_reserve(s->cache, seq, r->n_prompt + 1);
-            if (st != KKV_OK) kkv_seq_free(s->cache, seq);
+        int seq = -1, hit = pc_find(s, r), reused = 0;
+        kkv_status st;
+        for (;;) {
+            if (hit >= 0) { /* take the entry's sequence over: its tokens are r's prefix */
+                seq = s->pc[hit].seq;
+                reused = s->pc[hit].n;
+                st = kkv_seq_reserve(s->cache, seq, r->n_prompt - reused + 1);
+            } else {
+                st = kkv_seq_add(s->cache, &seq);
+                if (st == KKV_OK) {
+                    st = kkv_seq_reserve(s->cache, seq, r->n_prompt + 1);
+                    if (st != KKV_OK) kkv_seq_free(s->cache, seq);
+                }
+            }
+            if (st != KKV_ERR_POOL_FULL) break;
+            /* make room from the prefix cache, never from the entry being reused */
+            int victim = -1;
+            for (int i = 0; i < s->n_pc; i++)
+                if (i != hit && (victim < 0 || s->pc[i].last_used < s->pc[victim].last_used))
+                    victim = i;
+            if (victim < 0) break;
+            if (hit == s->n_pc - 1) hit = victim; /* pc_drop moves the last entry */
+            pc_drop(s, victim);
+            s->m.prefix_evictions++;
+        }
+        if (st == KKV_OK && hit >= 0) { /* the entry leaves the cache with its sequence */
+            free(s->pc[hit].tokens);
+            s->pc[hit] = s->pc[--s->n_pc];
         }
         if (st == KKV_ERR_POOL_FULL && s->n_active > 0) break; /* wait for room */
         s->queue_head = r->next;
@@ -286,7 +377,14 @@ static void admit(srv *s) {
             continue;
         }
         r->seq = seq;
-        r->n_fed = 0;
+        r->n_fed = reused;
+        r->reused = reused;
+        if (reused) {
+            s->m.prefix_hits++;
+            s->m.prefix_tokens_reused += (uint64_t)reused;
+        } else {
+            s->m.prefix_misses++;
+        }
         r->state = REQ_PREFILL;
         pthread_cond_broadcast(&r->cv);
         s->m.prompt_tokens += (uint64_t)r->n_prompt;
@@ -311,6 +409,7 @@ static void step(srv *s, sched_buf *b) {
     for (srv_req *r = s->active; r; r = r->next) {
         if (r->cancelled || r->state != REQ_DECODE) continue;
         kkv_status st = kkv_seq_reserve(s->cache, r->seq, 1);
+        while (st == KKV_ERR_POOL_FULL && pc_evict(s)) st = kkv_seq_reserve(s->cache, r->seq, 1);
         if (st != KKV_OK) { /* this one is out of pool: it ends, the others go on */
             finish(s, r, "length", 1);
             continue;
@@ -389,6 +488,7 @@ static void step(srv *s, sched_buf *b) {
     pthread_mutex_lock(&s->mu);
     kkv_cache_mem(s->cache, &s->m.mem);
     s->m.pool_free = kkv_cache_free_bytes(s->cache);
+    pc_account(s);
 }
 
 static void *sched_main(void *arg) {
@@ -419,6 +519,7 @@ static void *sched_main(void *arg) {
         if (!s->active) {
             kkv_cache_mem(s->cache, &s->m.mem);
             s->m.pool_free = kkv_cache_free_bytes(s->cache);
+            pc_account(s);
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 200 * 1000 * 1000;
@@ -449,6 +550,7 @@ static void *sched_main(void *arg) {
     }
     s->queue_tail = NULL;
     s->n_active = s->n_queued = 0;
+    while (s->n_pc) pc_drop(s, s->n_pc - 1);
     pthread_mutex_unlock(&s->mu);
     free(b.logits);
     free(b.plogits);
