@@ -8,7 +8,7 @@ the pool must be back where they were.
 Every loop here is bounded in count and time; servers bind 127.0.0.1 on a port
 picked per run in 18000-18999 and are stopped at the end.
 
-Usage: test_server.py --kittykv PATH --source-dir DIR [--soak SECONDS] [--quick]
+Usage: test_server.py --kittykv PATH --source-dir DIR [--soak SECONDS | --quick] [--log F]
 Exit 0 pass, 1 fail, 77 skip (model or openai missing, unless
 KKV_REQUIRE_MODEL / KKV_REQUIRE_ORACLE is set)."""
 import argparse
@@ -515,6 +515,8 @@ def main():
     ap.add_argument("--source-dir", required=True)
     ap.add_argument("--soak", type=float, default=0, help="soak seconds (only the soak runs)")
     ap.add_argument("--log", default=os.devnull)
+    ap.add_argument("--quick", action="store_true",
+                    help="skip the 16-client and queue/pool parts (for sanitizer runs)")
     a = ap.parse_args()
     model = os.environ.get("KKV_MODEL") or os.path.join(
         a.source_dir, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -533,17 +535,21 @@ def main():
     else:
         key = "sk-test-%d" % random.randint(0, 10 ** 9)
         hdr = {"Authorization": "Bearer " + key}
+        env = dict(os.environ)
+        env.setdefault("ASAN_OPTIONS", "detect_leaks=1:quarantine_size_mb=16")
         srv = Server(a.kittykv, ["-m", model, "-t", "2", "--kv-budget", "256", "-c", "2048",
-                                 "--api-key", key, "--body-limit", "1024"])
+                                 "--api-key", key, "--body-limit", "1024"], env=env, log=a.log)
         try:
             test_openai(srv, key)
             test_bad(srv, hdr)
-            test_concurrent(srv, hdr)
+            if not a.quick:
+                test_concurrent(srv, hdr)
             test_disconnect(srv, hdr)
             test_prefix(srv, hdr)
         finally:
             check(srv.stop() == 0, "server exits cleanly on SIGTERM")
-        test_queue_and_pool(a.kittykv, model, a.source_dir)
+        if not a.quick:
+            test_queue_and_pool(a.kittykv, model, a.source_dir)
     print(f"test_server: {time.time() - t0:.1f} s")
     print(f"{PASSES[0]} passed, {len(FAILS)} failed")
     sys.exit(1 if FAILS else 0)
