@@ -55,12 +55,26 @@
  *
  * Conventions
  * -----------
- * - Every function that returns kkv_status checks its pointer arguments and
- *   returns KKV_ERR_INVALID_ARG for NULL handles; on failure it changes no
- *   state the caller can observe, and kkv_last_error() holds a one-line
- *   message (thread-local, valid until the next failing call on that thread).
- *   Functions that return something else need valid handles unless their
- *   comment says otherwise.
+ * - Every function that can fail returns kkv_status; on failure it changes no
+ *   state that the caller can observe, and kkv_last_error() holds a one-line
+ *   message (thread-local, valid until the next failing call on that thread;
+ *   read it only after a failure). The one exception is a forward pass that
+ *   fails midway; see kkv_model_forward().
+ * - KKV_ERR_NOMEM: any call that allocates may return it, with the state
+ *   unchanged as above; the handle stays usable (tests/test_failalloc.c fails
+ *   every allocation of create, add, reserve, append, attend, flush, load and
+ *   forward in turn and checks this, and that nothing leaks).
+ * - NULL: every function that returns kkv_status checks its pointers and
+ *   returns KKV_ERR_INVALID_ARG for a NULL handle or a NULL required pointer
+ *   (KKV_ERR_NOT_FOUND is for a sequence id that names nothing). Functions that
+ *   return a value are NULL-safe with a neutral answer: kkv_cache_get_config()
+ *   NULL, kkv_cache_get_kernel() KKV_KERNEL_AUTO, kkv_cache_free_bytes() 0,
+ *   kkv_seq_len() -1, kkv_method_boost() 0, kkv_model_get_info() and
+ *   kkv_model_cache_config() all zeros; void calls ignore a NULL handle.
+ * - Untrusted input (GGUF files, text) is bounds- and overflow-checked: a bad
+ *   file is KKV_ERR_FORMAT or KKV_ERR_IO with a message, never a crash or a
+ *   hang (a FIFO or device as a model path fails at once). Bytes from a file
+ *   that appear in a message are escaped (\xNN).
  * - The library never prints and never exits.
  * - Output arguments come first. Every create or load function has a free, and
  *   free(NULL) is a no-op.
@@ -73,9 +87,11 @@
  *   range are clamped to +-65504 when they are stored in fp16.
  * - Determinism: the same inputs give bit-identical outputs whatever the thread
  *   count and however a prompt is split into chunks.
- * - Threads: a cache or model uses worker threads inside a call, but one cache
- *   (or model) must not be called from two threads at once. Distinct caches
- *   and models are independent.
+ * - Threads: a cache or model uses its own worker threads inside a call, but one
+ *   cache (or model) must not be called from two threads at once. Distinct
+ *   caches and models are independent. Exception: kkv_tokenize() and
+ *   kkv_token_piece() only read the model and may run on several threads at
+ *   once (not during kkv_model_load/free). kkv_last_error() is per thread.
  */
 #ifndef KITTYKV_H
 #define KITTYKV_H
@@ -167,7 +183,7 @@ typedef struct kkv_method {
 
 /* Fills *out with the named method: "fp16", "kivi-k2v2", "kivi-k2v2s",
  * "kivi-k4v2s", "kivi-k2v4s", "kivi-k4v4", "kitty", "kitty-pro".
- * KKV_ERR_NOT_FOUND for any other name. */
+ * KKV_ERR_NOT_FOUND for any other name, KKV_ERR_INVALID_ARG for NULL. */
 kkv_status kkv_method_from_name(kkv_method *out, const char *name);
 
 /* The names above, NULL-terminated, in a fixed order (fp16 first). */
@@ -194,7 +210,7 @@ kkv_status kkv_method_format(char *buf, size_t cap, size_t *n_out, const kkv_met
 kkv_status kkv_method_check(const kkv_method *m, int head_dim);
 
 /* Number of boosted key channels: round(alpha * head_dim) with halves rounded
- * up (alpha 0.125, D 20: 3), 0..head_dim. */
+ * up (alpha 0.125, D 20: 3), 0..head_dim; 0 for NULL or a negative head_dim. */
 int kkv_method_boost(const kkv_method *m, int head_dim);
 
 /* ---------------------------------------------------------------- page format */
@@ -246,7 +262,8 @@ typedef struct kkv_cache_config {
 /* Creates an empty cache. The pool's memory is reserved, not touched. */
 kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg);
 void       kkv_cache_free(kkv_cache *c);
-/* The configuration the cache was created with. */
+/* The configuration the cache was created with (owned by the cache, valid
+ * until kkv_cache_free; NULL for a NULL cache). */
 const kkv_cache_config *kkv_cache_get_config(const kkv_cache *c);
 
 /* Adds an empty sequence; *seq gets its id (the lowest free one). Its fp16
@@ -256,7 +273,14 @@ const kkv_cache_config *kkv_cache_get_config(const kkv_cache *c);
 kkv_status kkv_seq_add(kkv_cache *c, int *seq);
 /* Frees a sequence and returns its pages and staging to the pool. */
 kkv_status kkv_seq_free(kkv_cache *c, int seq);
-/* Tokens appended to layer `layer` of the sequence (-1 if no such sequence). */
+/* Marks a sequence whose layers a multi-layer writer left inconsistent (a
+ * forward pass that failed midway; kkv_model_forward calls it): from now on
+ * kkv_append, kkv_attend, kkv_flush and kkv_seq_reserve on it return
+ * KKV_ERR_INVALID_ARG ("... free it"); reads and kkv_seq_free still work.
+ * KKV_ERR_NOT_FOUND if there is no such sequence. */
+kkv_status kkv_seq_mark_failed(kkv_cache *c, int seq);
+/* Tokens appended to layer `layer` of the sequence (-1 if no such sequence,
+ * layer or cache). */
 int        kkv_seq_len(const kkv_cache *c, int seq, int layer);
 
 /* Makes sure the pages that appending n_tokens more tokens to every layer will
@@ -327,7 +351,7 @@ typedef struct kkv_mem {
 kkv_status kkv_seq_mem(const kkv_cache *c, kkv_mem *out, int seq);
 /* The whole pool: every sequence, and capacity = the pool budget. */
 kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out);
-/* Bytes the pool still has free. */
+/* Bytes the pool still has free (0 for NULL). */
 uint64_t   kkv_cache_free_bytes(const kkv_cache *c);
 
 KKV_END_DECLS

@@ -47,7 +47,7 @@ typedef enum kkv_kernel {
  * CPU or build lacks them (the environment variable KKV_CPU=scalar|avx2 caps
  * what AUTO and this call may pick). */
 kkv_status  kkv_cache_set_kernel(kkv_cache *c, kkv_kernel k);
-/* The kernel a cache uses now (never AUTO). c must be valid. */
+/* The kernel a cache uses now (never AUTO; KKV_KERNEL_AUTO for a NULL cache). */
 kkv_kernel  kkv_cache_get_kernel(const kkv_cache *c);
 /* A constant name ("scalar", "avx2", ...); "unknown" for other values. */
 const char *kkv_kernel_name(kkv_kernel k);

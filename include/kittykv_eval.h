@@ -63,6 +63,8 @@ typedef struct kkv_eval_config {
     int            score_from; /* P: tokens prefilled before scoring, >= 1      */
     int            chunk;      /* tokens per forward call while scoring, >= 1   */
     int            n_threads;  /* attention threads of each cache (0: caller)   */
+    kkv_threadpool *pool;      /* or: every cache borrows this pool (and then
+                                  n_threads is ignored); NULL: their own       */
     int            keep_kld;   /* keep the per-position KL arrays in results    */
     const uint8_t *ranks;      /* [n_layers][n_kv_heads][head_dim] channel
                                   rankings for select=oracle specs, or NULL
@@ -128,10 +130,31 @@ kkv_status kkv_eval_cache_create(kkv_cache **out, int *seq, const kkv_model *m,
 
 /* Tokenizes a whole text file (BOS if the model wants one; special-token text
  * stays plain text): *tokens gets a malloc'd [*n] array the caller frees.
- * KKV_ERR_IO (with strerror) if it cannot be read, KKV_ERR_INVALID_ARG if it is
- * not a regular file or is larger than KKV_EVAL_MAX_TEXT_BYTES. */
+ * The file is read by kkv_file_read() with KKV_EVAL_MAX_TEXT_BYTES as the cap:
+ * KKV_ERR_IO (with strerror; a directory), KKV_ERR_INVALID_ARG (larger than
+ * the cap: /dev/zero fails fast). */
 kkv_status kkv_eval_tokenize_file(int32_t **tokens, int *n, const kkv_model *m,
                                   const char *path);
+
+/* ---------------------------------------------------------------- files */
+
+/* Reads the whole of path into a malloc'd buffer with a NUL after the data
+ * (*out, freed by the caller with free(); *len = bytes without the NUL).
+ * Pipes, FIFOs and character devices are read until EOF but never beyond
+ * max_bytes. KKV_ERR_IO (cannot open: strerror; a directory; a read error),
+ * KKV_ERR_INVALID_ARG (more than max_bytes; NULL), KKV_ERR_NOMEM. On failure
+ * *out is NULL. Every message names the path (escaped) once. */
+kkv_status kkv_file_read(char **out, size_t *len, const char *path, size_t max_bytes);
+
+/* Where the [rows][cols] float32 data of a tensor file image buf [len] lies:
+ * a NumPy .npy ('\x93NUMPY' magic; '<f4', C order, 2-D, cols checked against
+ * the header) or raw little-endian rows (len a multiple of 4 * cols). Every
+ * size is checked for overflow and against len, so on success
+ * *rows * cols * 4 == len - *data_off and the data is buf + *data_off.
+ * KKV_ERR_FORMAT with the reason, KKV_ERR_INVALID_ARG (cols < 1, NULL);
+ * `name` (may be NULL) labels the messages. */
+kkv_status kkv_tensor_parse(int64_t *rows, size_t *data_off, const void *buf, size_t len,
+                            int cols, const char *name);
 
 /* ---------------------------------------------------------------- passkey */
 
@@ -151,6 +174,7 @@ typedef struct kkv_passkey_config {
     int          trials;    /* keys per (method, length, depth), >= 1         */
     uint64_t     seed;      /* of the keys                                    */
     int          n_threads; /* attention threads of each cache (0: caller)    */
+    kkv_threadpool *pool;   /* or: the cache borrows this pool; NULL: its own */
     kkv_eval_progress_fn progress; /* per trial, or NULL                       */
     void        *progress_user;
 } kkv_passkey_config;

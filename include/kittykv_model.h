@@ -92,9 +92,12 @@ typedef struct kkv_model_info {
 /* Loads a GGUF model (mmap). n_threads: threads for matmuls (0: all cores).
  * Architectures: llama (incl. Llama 3 rope_freqs / linear rope scaling),
  * qwen2 (QKV biases, NeoX RoPE), qwen3 (per-head Q/K RMSNorm, NeoX RoPE).
- * KKV_ERR_IO (not found/unreadable), KKV_ERR_FORMAT (malformed GGUF),
- * KKV_ERR_UNSUPPORTED (architecture, tensor type or rope scaling, named). Free with kkv_model_free;
- * the model owns the mapping, and nothing it returns outlives it. */
+ * KKV_ERR_IO (not found, unreadable, not a regular file: a FIFO fails at
+ * once), KKV_ERR_FORMAT (malformed GGUF, inconsistent shapes, a tokenizer
+ * vocabulary whose size is not token_embd's row count), KKV_ERR_UNSUPPORTED
+ * (architecture, tensor type or rope scaling, named). Every message names the
+ * path once; on success kkv_last_error() is "". Free with kkv_model_free; the
+ * model owns the mapping, and nothing it returns outlives it. */
 kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads);
 /* Loads only the vocabulary of a GGUF (no weights: tokenize, token pieces and
  * detokenize work, forward calls fail with KKV_ERR_INVALID_ARG). pre names a
@@ -131,12 +134,22 @@ kkv_cache_config kkv_model_cache_config(const kkv_model *m, const kkv_method *me
  * every layer of the cache (each token attends to the cache as stored, exactly
  * as n single-token calls would). logits: [n][n_vocab] if all_logits, else
  * [n_vocab] for the last token; may be NULL. Before touching the cache it
- * reserves every page the n tokens need: KKV_ERR_POOL_FULL leaves it as it was. */
+ * reserves every page the n tokens need: KKV_ERR_POOL_FULL, KKV_ERR_CTX_FULL
+ * and bad arguments (n < 1, a token outside the vocabulary, a cache of
+ * another shape) leave it as it was.
+ * Failing midway -- KKV_ERR_NONFINITE (an activation overflowed to Inf/NaN)
+ * or KKV_ERR_NOMEM for scratch memory -- cannot be undone once pages were
+ * quantized, so the contract is: if no layer of the sequence changed, it is as
+ * it was; otherwise some layers hold some of the n tokens and the sequence is
+ * marked failed: kkv_append/attend/flush/reserve and further forward passes
+ * on it return KKV_ERR_INVALID_ARG ("... free it") until kkv_seq_free(). The
+ * way back is kkv_seq_free(), kkv_seq_add() and the tokens again. */
 kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
                              const int32_t *tokens, int n, int all_logits);
 
 /* One decode step for a ragged batch: token tokens[i] is appended to sequence
- * seqs[i] (all distinct). logits: [n][n_vocab]. All or nothing for the pool. */
+ * seqs[i] (all distinct). logits: [n][n_vocab]. All or nothing for the pool;
+ * a failure midway marks every sequence it changed, as kkv_model_forward(). */
 kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
                                   const int *seqs, const int32_t *tokens, int n);
 

@@ -3,14 +3,18 @@
 # checks, each with its tests:
 #   1. Release (gcc, -Werror): all CTest tests, oracles included
 #   2. ASan + UBSan (gcc): all unit tests, the quantizer oracle, the server soak
-#   3. clang -Werror build; libFuzzer on the GGUF parser for a short run
+#   3. clang -Werror build; every libFuzzer target for a short run
+#      (scripts/fuzz.sh, FUZZ_SECONDS each: GGUF + model load, tokenizer,
+#      tensor files, method specs)
+# The unit tests include test_failalloc (allocation-failure injection): in
+# step 2 LeakSanitizer checks that no failure path leaks.
 #   4. CUDA backend compiled with nvcc (no GPU needed), when nvcc exists
 # Usage: scripts/test.sh [--quick]   (--quick: Release build and tests only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 JOBS=${JOBS:-2}
-FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 PY="$ROOT/.venv/bin/python"
 export KKV_REQUIRE_MODEL=${KKV_REQUIRE_MODEL:-1}
 export KKV_REQUIRE_ORACLE=${KKV_REQUIRE_ORACLE:-1}
@@ -38,14 +42,8 @@ ASAN_OPTIONS=detect_leaks=1:quarantine_size_mb=16 \
   ctest --test-dir build-san --output-on-failure -R server_soak
 
 if command -v clang >/dev/null; then
-  step "clang -Werror build + libFuzzer (GGUF parser, ${FUZZ_SECONDS}s)"
-  CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Release -DKKV_FUZZ=ON >/dev/null
-  cmake --build build-clang -j"$JOBS"
-  if [ -x build-clang/tests/fuzz_gguf ]; then
-    mkdir -p build-clang/corpus
-    build-clang/tests/fuzz_gguf -max_total_time="$FUZZ_SECONDS" -max_len=65536 \
-      build-clang/corpus tests/fuzz/corpus_gguf 2>&1 | tail -n 3
-  fi
+  step "clang -Werror build + libFuzzer (every target, ${FUZZ_SECONDS}s each)"
+  JOBS="$JOBS" bash scripts/fuzz.sh "$FUZZ_SECONDS"
 fi
 
 if command -v nvcc >/dev/null; then

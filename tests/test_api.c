@@ -179,8 +179,8 @@ static void test_model_api(kkv_model *m, const char *path) {
     kkv_method fp16;
     kkv_method_parse(&fp16, "fp16");
     kkv_cache_config cfg = kkv_model_cache_config(m, &fp16, 16u << 20);
-    kkv_cache *cache;
-    int seq;
+    kkv_cache *cache = NULL;
+    int seq = -1;
     CHECK(kkv_cache_create(&cache, &cfg) == KKV_OK && kkv_seq_add(cache, &seq) == KKV_OK, "cache");
     CHECK(kkv_model_forward(v, cache, NULL, seq, a, na, 0) == KKV_ERR_INVALID_ARG,
           "vocab-only model refuses a forward pass");
@@ -215,8 +215,8 @@ static void test_model_api(kkv_model *m, const char *path) {
     kkv_model_info info;
     kkv_model_get_info(m, &info);
     float *l1 = malloc((size_t)info.n_vocab * sizeof *l1), *l2 = malloc((size_t)info.n_vocab * sizeof *l2);
-    kkv_cache *c1, *c2;
-    int s1, s2;
+    kkv_cache *c1 = NULL, *c2 = NULL;
+    int s1 = -1, s2 = -1;
     cfg = kkv_model_cache_config(m, &kitty, 32u << 20);
     cfg.n_threads = 0;
     kkv_cache_create(&c1, &cfg);

@@ -1,5 +1,6 @@
 /* Cache lifecycle: create/free, sequences, and the token lifecycle of
  * docs/FORMAT.md section 3 (append -> attend -> flush). */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +14,8 @@
 #define DEFAULT_MAX_SEQS 256
 
 kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
+    if (out) *out = NULL;
     if (!out || !cfg) return kkv_fail(KKV_ERR_INVALID_ARG, "cache: NULL argument");
-    *out = NULL;
     if (cfg->n_layers < 1 || cfg->n_layers > 4096)
         return kkv_fail(KKV_ERR_INVALID_ARG, "cache: n_layers %d must be in 1..4096",
                         cfg->n_layers);
@@ -116,6 +117,21 @@ kkv_seq *kkv_seq_get(const kkv_cache *c, int seq) {
     return &c->seqs[seq];
 }
 
+kkv_status kkv_seq_mark_failed(kkv_cache *c, int seq) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "mark_failed: NULL cache");
+    kkv_seq *s = kkv_seq_get(c, seq);
+    if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "mark_failed: no sequence %d", seq);
+    s->failed = 1;
+    return KKV_OK;
+}
+
+kkv_status kkv_seq_check_usable(const kkv_seq *s, int seq, const char *what) {
+    if (s->failed)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "%s: sequence %d holds part of a failed forward "
+                        "pass; free it", what, seq);
+    return KKV_OK;
+}
+
 kkv_status kkv_seq_add(kkv_cache *c, int *seq) {
     if (!c || !seq) return kkv_fail(KKV_ERR_INVALID_ARG, "seq_add: NULL argument");
     int id = -1;
@@ -146,6 +162,7 @@ kkv_status kkv_seq_add(kkv_cache *c, int *seq) {
 }
 
 kkv_status kkv_seq_free(kkv_cache *c, int seq) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "seq_free: NULL cache");
     kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "seq_free: no sequence %d", seq);
     seq_release(c, s);
@@ -188,14 +205,19 @@ static kkv_status ensure_slots(kkv_cache *c, kkv_seq *s, int want) {
 }
 
 kkv_status kkv_seq_reserve(kkv_cache *c, int seq, int n_tokens) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "reserve: NULL cache");
     kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "reserve: no sequence %d", seq);
+    KKV_TRY(kkv_seq_check_usable(s, seq, "reserve"));
     if (n_tokens < 0) return kkv_fail(KKV_ERR_INVALID_ARG, "reserve: n_tokens %d < 0", n_tokens);
     int64_t longest = 0;
     for (int l = 0; l < c->L; l++) longest = s->len[l] > longest ? s->len[l] : longest;
     if (c->cfg.max_tokens && longest + n_tokens > c->cfg.max_tokens)
         return kkv_fail(KKV_ERR_CTX_FULL, "sequence %d: %lld + %d tokens exceed max_tokens %d",
                         seq, (long long)longest, n_tokens, c->cfg.max_tokens);
+    if (longest + n_tokens > INT_MAX)
+        return kkv_fail(KKV_ERR_CTX_FULL, "sequence %d: %lld + %d tokens exceed %d", seq,
+                        (long long)longest, n_tokens, INT_MAX);
     return ensure_slots(c, s, pages_for(c, longest + n_tokens));
 }
 
@@ -245,8 +267,10 @@ static void flush_layer(kkv_cache *c, kkv_seq *s, int l) {
 }
 
 kkv_status kkv_flush(kkv_cache *c, int seq, int layer) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "flush: NULL cache");
     kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "flush: no sequence %d", seq);
+    KKV_TRY(kkv_seq_check_usable(s, seq, "flush"));
     if (layer < 0 || layer >= c->L)
         return kkv_fail(KKV_ERR_INVALID_ARG, "flush: layer %d not in 0..%d", layer, c->L - 1);
     flush_layer(c, s, layer);
@@ -254,17 +278,19 @@ kkv_status kkv_flush(kkv_cache *c, int seq, int layer) {
 }
 
 kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const float *v) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "append: NULL cache");
     kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "append: no sequence %d", seq);
+    KKV_TRY(kkv_seq_check_usable(s, seq, "append"));
     if (layer < 0 || layer >= c->L)
         return kkv_fail(KKV_ERR_INVALID_ARG, "append: layer %d not in 0..%d", layer, c->L - 1);
     if (!k || !v) return kkv_fail(KKV_ERR_INVALID_ARG, "append: NULL key or value");
     size_t n = (size_t)c->H * c->D;
     KKV_TRY(check_finite(k, n, "append: key"));
     KKV_TRY(check_finite(v, n, "append: value"));
-    if (c->cfg.max_tokens && s->len[layer] >= c->cfg.max_tokens)
+    if ((c->cfg.max_tokens && s->len[layer] >= c->cfg.max_tokens) || s->len[layer] == INT_MAX)
         return kkv_fail(KKV_ERR_CTX_FULL, "append: sequence %d is at max_tokens %d", seq,
-                        c->cfg.max_tokens);
+                        c->cfg.max_tokens ? c->cfg.max_tokens : INT_MAX);
     /* A Q-buffer left full by a missing kkv_flush() is flushed now, so the
      * state is what append-attend-flush would have left. Slots first: the
      * only failure comes before any change. */
@@ -288,8 +314,10 @@ kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const fl
 }
 
 kkv_status kkv_attend(kkv_cache *c, float *out, int seq, int layer, const float *q, int n_q) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "attend: NULL cache");
     kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "attend: no sequence %d", seq);
+    KKV_TRY(kkv_seq_check_usable(s, seq, "attend"));
     if (layer < 0 || layer >= c->L)
         return kkv_fail(KKV_ERR_INVALID_ARG, "attend: layer %d not in 0..%d", layer, c->L - 1);
     if (!out || !q || n_q < c->H || n_q % c->H)
@@ -322,6 +350,7 @@ kkv_status kkv_cache_set_rank(kkv_cache *c, int layer, int head, const uint8_t *
 }
 
 kkv_status kkv_cache_set_kernel(kkv_cache *c, kkv_kernel k) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "set_kernel: NULL cache");
     if (k == KKV_KERNEL_AUTO) k = kkv_kernel_best();
     const kkv_ops *ops = kkv_ops_get(k);
     if (!ops)
@@ -331,4 +360,6 @@ kkv_status kkv_cache_set_kernel(kkv_cache *c, kkv_kernel k) {
     return KKV_OK;
 }
 
-kkv_kernel kkv_cache_get_kernel(const kkv_cache *c) { return c->ops->kind; }
+kkv_kernel kkv_cache_get_kernel(const kkv_cache *c) {
+    return c ? c->ops->kind : KKV_KERNEL_AUTO;
+}

@@ -28,6 +28,7 @@ typedef struct kkv_seq {
     int       n_slots;   /* pages allocated (>= every layer's n_kpages) */
     int       cap_slots;
     uint16_t *staging;   /* [L][H][staging_tokens][D] fp16: sink K, sink V, key tail, value tail */
+    int       failed;    /* a forward pass failed midway: only kkv_seq_free() is allowed */
 } kkv_seq;
 
 struct kkv_cache {
@@ -104,6 +105,8 @@ kkv_status kkv_pool_take(kkv_cache *c, int *slot);
 void       kkv_pool_give(kkv_cache *c, int slot);
 /* Looks up a live sequence; NULL if there is none with that id. */
 kkv_seq   *kkv_seq_get(const kkv_cache *c, int seq);
+/* KKV_ERR_INVALID_ARG "what: sequence N ... free it" if s is marked failed. */
+kkv_status kkv_seq_check_usable(const kkv_seq *s, int seq, const char *what);
 
 /* Fused decode attention (attn.c). */
 kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *s, int layer,

@@ -40,7 +40,8 @@ static void finish(kkv_mem *m, uint64_t elems) {
 
 kkv_status kkv_seq_mem(const kkv_cache *c, kkv_mem *out, int seq) {
     const kkv_seq *s = kkv_seq_get(c, seq);
-    if (!s || !out) return kkv_fail(KKV_ERR_NOT_FOUND, "seq_mem: no sequence %d", seq);
+    if (!c || !out) return kkv_fail(KKV_ERR_INVALID_ARG, "seq_mem: NULL argument");
+    if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "seq_mem: no sequence %d", seq);
     uint64_t elems = 0;
     memset(out, 0, sizeof *out);
     add_seq(c, s, out, &elems);
@@ -59,4 +60,4 @@ kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out) {
     return KKV_OK;
 }
 
-uint64_t kkv_cache_free_bytes(const kkv_cache *c) { return c->budget - c->used; }
+uint64_t kkv_cache_free_bytes(const kkv_cache *c) { return c ? c->budget - c->used : 0; }

@@ -32,6 +32,8 @@ static const char *const names[N_METHODS + 1] = {
 const char *const *kkv_method_names(void) { return names; }
 
 kkv_status kkv_method_from_name(kkv_method *out, const char *name) {
+    if (!out) return kkv_fail(KKV_ERR_INVALID_ARG, "method_from_name: out is NULL");
+    if (!name) return kkv_fail(KKV_ERR_INVALID_ARG, "method_from_name: name is NULL");
     for (size_t i = 0; i < N_METHODS; i++) {
         if (!name || strcmp(name, methods[i].name)) continue;
         const named_method *m = &methods[i];
@@ -47,13 +49,16 @@ kkv_status kkv_method_from_name(kkv_method *out, const char *name) {
         out->seed = 0;
         return KKV_OK;
     }
+    char shown[64];
+    kkv_printable(shown, sizeof shown, name, strlen(name));
     return kkv_fail(KKV_ERR_NOT_FOUND,
                     "unknown method '%s' (fp16, kivi-k2v2, kivi-k2v2s, kivi-k4v2s, "
                     "kivi-k2v4s, kivi-k4v4, kitty, kitty-pro)",
-                    name ? name : "(null)");
+                    shown);
 }
 
 int kkv_method_boost(const kkv_method *m, int head_dim) {
+    if (!m || head_dim < 0) return 0;
     if (m->fp16 || !(m->alpha > 0.0f)) return 0;
     if (m->alpha >= 1.0f) return head_dim;
     return (int)lround((double)m->alpha * head_dim);

@@ -11,6 +11,7 @@ static void widen_rows(float *dst, const uint16_t *src, int n, int D) {
 }
 
 kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int layer, int head) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "seq_read: NULL cache");
     const kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "seq_read: no sequence %d", seq);
     if (layer < 0 || layer >= c->L || head < 0 || head >= c->H)
@@ -46,6 +47,7 @@ kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int lay
 
 kkv_status kkv_seq_key_page(const kkv_cache *c, void *dst, size_t dst_bytes, int seq,
                             int layer, int head, int page) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "key_page: NULL cache");
     const kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "key_page: no sequence %d", seq);
     if (layer < 0 || layer >= c->L || head < 0 || head >= c->H || page < 0 ||

@@ -14,6 +14,15 @@
 /* Records a printf-style message as kkv_last_error() and returns s. */
 KKV_LAYER_API kkv_status kkv_fail(kkv_status s, const char *fmt, ...) KKV_PRINTF(2, 3);
 
+/* Empties kkv_last_error(): a successful call that tried optional lookups on
+ * the way (which set messages) ends with this, so no stale message remains. */
+void kkv_clear_error(void);
+
+/* Untrusted bytes (a name from a file) made safe to echo in a message:
+ * printable ASCII kept, anything else as \xNN, cut with "..." to fit buf
+ * [cap]. Returns buf. */
+const char *kkv_printable(char *buf, size_t cap, const void *bytes, size_t n);
+
 /* Propagates a failing status unchanged (its message is already set). */
 #define KKV_TRY(expr)                                                          \
     do {                                                                       \

@@ -89,40 +89,6 @@ kkv_status kkv_eval_cache_create(kkv_cache **out, int *seq, const kkv_model *m,
     return KKV_OK;
 }
 
-/* Reads a regular file of at most max bytes into a malloc'd NUL-terminated
- * buffer. Opened non-blocking so a FIFO cannot hang the open. */
-static kkv_status read_text(char **out, size_t *len, const char *path, size_t max) {
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_NONBLOCK);
-    if (fd < 0) return kkv_fail(KKV_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return kkv_fail(KKV_ERR_INVALID_ARG, "'%s' is not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > max) {
-        close(fd);
-        return kkv_fail(KKV_ERR_INVALID_ARG, "'%s' is larger than %zu MiB", path, max >> 20);
-    }
-    size_t n = (size_t)st.st_size, got = 0;
-    char *buf = malloc(n + 1); /* [n + 1] */
-    if (!buf) {
-        close(fd);
-        return kkv_fail(KKV_ERR_NOMEM, "'%s': out of memory", path);
-    }
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[got] = 0;
-    *out = buf;
-    *len = got;
-    return KKV_OK;
-}
-
 kkv_status kkv_eval_tokenize_file(int32_t **tokens, int *n, const kkv_model *m,
                                   const char *path) {
     if (!tokens || !n || !m || !path)
@@ -131,7 +97,7 @@ kkv_status kkv_eval_tokenize_file(int32_t **tokens, int *n, const kkv_model *m,
     *n = 0;
     size_t len = 0;
     char *text;
-    KKV_TRY(read_text(&text, &len, path, KKV_EVAL_MAX_TEXT_BYTES));
+    KKV_TRY(kkv_file_read(&text, &len, path, KKV_EVAL_MAX_TEXT_BYTES));
     kkv_status s = kkv_tokenize_alloc(m, tokens, n, text, len, 1, 0);
     free(text);
     if (s != KKV_OK) {
@@ -312,8 +278,9 @@ kkv_status kkv_eval_run(kkv_eval_result *res, kkv_eval_result *ref, kkv_model *m
         const kkv_method *mt = i ? &parsed[i - 1].method : &fp16;
         const char *name = i ? specs[i - 1] : "fp16";
         if (i && !strcmp(specs[i - 1], "fp16")) continue;
-        st = kkv_eval_cache_create(&lanes[i].cache, &lanes[i].seq, m, mt, N, cfg->n_threads,
-                                   cfg->ranks);
+        st = kkv_eval_cache_create(&lanes[i].cache, &lanes[i].seq, m, mt, N,
+                                   cfg->pool ? 1 : cfg->n_threads, cfg->ranks);
+        if (st == KKV_OK && cfg->pool) st = kkv_cache_set_threadpool(lanes[i].cache, cfg->pool);
         if (st != KKV_OK) {
             st = fail_with(st, "creating the cache", name);
             goto done;

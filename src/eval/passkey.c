@@ -242,7 +242,9 @@ kkv_status kkv_passkey_run(kkv_passkey_cell *cells, kkv_model *m, const kkv_pass
     for (int s = 0; s < n_specs; s++) {
         int seq0;
         st = kkv_eval_cache_create(&cache, &seq0, m, &methods[s],
-                                   max_len + KKV_PASSKEY_ANSWER_TOKENS, cfg->n_threads, NULL);
+                                   max_len + KKV_PASSKEY_ANSWER_TOKENS,
+                                   cfg->pool ? 1 : cfg->n_threads, NULL);
+        if (st == KKV_OK && cfg->pool) st = kkv_cache_set_threadpool(cache, cfg->pool);
         if (st == KKV_OK) st = kkv_seq_free(cache, seq0);
         if (st != KKV_OK) {
             st = quote(st, "creating the cache", specs[s]);

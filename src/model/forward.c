@@ -152,10 +152,24 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
     return KKV_OK;
 }
 
+/* After a pass that failed midway: a sequence whose layers no longer all hold
+ * `len` tokens is marked failed, so it cannot be extended by mistake. One
+ * that was not touched stays as it was. */
+static void mark_if_touched(const kkv_model *m, kkv_cache *c, int seq, int len) {
+    for (int l = 0; l < m->info.n_layers; l++)
+        if (kkv_seq_len(c, seq, l) != len) {
+            (void)kkv_seq_mark_failed(c, seq); /* the sequence exists: cannot fail */
+            return;
+        }
+}
+
 kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
                              const int32_t *tokens, int n, int all_logits) {
-    if (!m || !c || !tokens || n < 1)
-        return kkv_fail(KKV_ERR_INVALID_ARG, "forward: NULL model/cache/tokens or n < 1");
+    if (!m || !c || !tokens)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "forward: NULL %s",
+                        !m ? "model" : !c ? "cache" : "tokens");
+    if (n < 1)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "forward: %d tokens (at least 1 is needed)", n);
     KKV_TRY(check_cache(m, c));
     KKV_TRY(check_tokens(m, tokens, n));
     int len = 0;
@@ -178,7 +192,11 @@ kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
             ch.first_out = cn - 1;
         }
         for (int i = 0; i < cn; i++) m->w.pos[i] = (int64_t)len + done + i;
-        KKV_TRY(run_chunk(m, c, &ch));
+        kkv_status s = run_chunk(m, c, &ch);
+        if (s != KKV_OK) {
+            mark_if_touched(m, c, seq, len);
+            return s;
+        }
         done += cn;
     }
     return KKV_OK;
@@ -192,8 +210,12 @@ kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
  * any sequence, so every length and all cached K/V are as they were. */
 kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
                                   const int *seqs, const int32_t *tokens, int n) {
-    if (!m || !c || !seqs || !tokens || n < 1)
-        return kkv_fail(KKV_ERR_INVALID_ARG, "decode batch: NULL argument or n < 1");
+    if (!m || !c || !seqs || !tokens)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "decode batch: NULL %s",
+                        !m ? "model" : !c ? "cache" : !seqs ? "seqs" : "tokens");
+    if (n < 1)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "decode batch: %d sequences (at least 1 is "
+                        "needed)", n);
     KKV_TRY(check_cache(m, c));
     KKV_TRY(check_tokens(m, tokens, n));
     for (int i = 0; i < n; i++)
@@ -201,10 +223,11 @@ kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
             if (seqs[i] == seqs[j])
                 return kkv_fail(KKV_ERR_INVALID_ARG, "decode batch: sequence %d appears "
                                 "twice (at %d and %d)", seqs[i], j, i);
-    int *lens = calloc((size_t)n, sizeof *lens); /* [n] */
+    int *lens = calloc((size_t)n, sizeof *lens); /* [n] length of each before the step */
     if (!lens) return kkv_fail(KKV_ERR_NOMEM, "decode batch: out of memory");
     kkv_status s = KKV_OK;
     for (int i = 0; i < n && s == KKV_OK; i++) s = seq_position(m, c, seqs[i], &lens[i]);
+    int started = 0; /* run_chunk reached: lengths may have changed */
     for (int i = 0; i < n && s == KKV_OK; i++) s = kkv_seq_reserve(c, seqs[i], 1);
     const size_t V = (size_t)m->info.n_vocab;
     for (int done = 0; done < n && s == KKV_OK;) {
@@ -212,9 +235,12 @@ kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
         chunk ch = {seqs + done, tokens + done, cn, logits ? logits + (size_t)done * V : NULL,
                     0};
         for (int i = 0; i < cn; i++) m->w.pos[i] = lens[done + i];
+        started = 1;
         s = run_chunk(m, c, &ch);
         done += cn;
     }
+    if (s != KKV_OK && started)
+        for (int i = 0; i < n; i++) mark_if_touched(m, c, seqs[i], lens[i]);
     free(lens);
     return s;
 }

@@ -5,6 +5,7 @@
  * out is known to be inside the buffer. */
 #include "model/gguf.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -309,8 +310,9 @@ static kkv_status parse_tensor_info(tensor_rec *tr, rd *r) {
         size_t at = r->pos;
         KKV_TRY(rd_u64(r, &ne, "tensor dimension"));
         if (ne == 0 || ne > (uint64_t)INT64_MAX)
-            return kkv_fail(KKV_ERR_FORMAT, "gguf: tensor '%s' has dimension %u = %lld at byte offset %zu",
-                            safe_name(nb, sizeof nb, t->name), d, (long long)ne, at);
+            return kkv_fail(KKV_ERR_FORMAT, "gguf: tensor '%s' has dimension %u = %llu at byte "
+                            "offset %zu (must be 1..2^63-1)",
+                            safe_name(nb, sizeof nb, t->name), d, (unsigned long long)ne, at);
         if (ne > (uint64_t)INT64_MAX / elems)
             return kkv_fail(KKV_ERR_FORMAT, "gguf: tensor '%s' element count overflows at byte offset %zu",
                             safe_name(nb, sizeof nb, t->name), at);
@@ -402,27 +404,42 @@ kkv_status kkv_gguf_parse(kkv_gguf **out, const void *data, size_t size) {
 }
 
 kkv_status kkv_gguf_open(kkv_gguf **out, const char *path) {
+    if (!out) return kkv_fail(KKV_ERR_INVALID_ARG, "gguf: out is NULL");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kkv_fail(KKV_ERR_IO, "gguf: cannot open '%s'", path);
+    if (!path) return kkv_fail(KKV_ERR_INVALID_ARG, "gguf: path is NULL");
+    char shown[160];
+    kkv_printable(shown, sizeof shown, path, strlen(path));
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is rejected
+     * below as not a regular file. (No reads go through fd: it is mapped.) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return kkv_fail(KKV_ERR_IO, "gguf: cannot open '%s': %s", shown, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        return kkv_fail(KKV_ERR_IO, "gguf: '%s' is not a readable regular file", path);
+        return kkv_fail(KKV_ERR_IO, "gguf: cannot stat '%s': %s", shown, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return kkv_fail(KKV_ERR_IO, "gguf: '%s' is %s, not a regular file", shown,
+                        S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                        : S_ISCHR(st.st_mode) ? "a character device" : "a special file");
     }
     if (st.st_size < 24) {
         close(fd);
-        return kkv_fail(KKV_ERR_FORMAT, "gguf: '%s' is %lld bytes, too short for a GGUF header", path,
-                        (long long)st.st_size);
+        return kkv_fail(KKV_ERR_FORMAT, "gguf: '%s' is %lld bytes, too short for a GGUF header",
+                        shown, (long long)st.st_size);
     }
     if ((unsigned long long)st.st_size > SIZE_MAX) {
         close(fd);
-        return kkv_fail(KKV_ERR_IO, "gguf: '%s' is too large to map", path);
+        return kkv_fail(KKV_ERR_IO, "gguf: '%s' is too large to map", shown);
     }
     size_t size = (size_t)st.st_size;
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int map_errno = errno;
     close(fd); /* the mapping keeps the file open */
-    if (map == MAP_FAILED) return kkv_fail(KKV_ERR_IO, "gguf: cannot map '%s'", path);
+    if (map == MAP_FAILED)
+        return kkv_fail(KKV_ERR_IO, "gguf: cannot map '%s': %s", shown, strerror(map_errno));
     kkv_gguf *g;
     kkv_status s = kkv_gguf_parse(&g, map, size);
     if (s != KKV_OK) {

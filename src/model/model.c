@@ -151,9 +151,11 @@ static kkv_status read_hparams(kkv_model *m) {
     const arch_def *ad = NULL;
     for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
         if (kkv_gguf_str_eq(s, ARCHS[i].name)) ad = &ARCHS[i];
-    if (!ad)
-        return kkv_fail(KKV_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama, "
-                        "qwen2, qwen3)", (int)(s.len > 64 ? 64 : s.len), s.ptr);
+    if (!ad) {
+        char shown[80];
+        return kkv_fail(KKV_ERR_UNSUPPORTED, "unsupported architecture '%s' (supported: llama, "
+                        "qwen2, qwen3)", kkv_printable(shown, sizeof shown, s.ptr, s.len));
+    }
     const char *a = ad->name;
     in->rope_neox = ad->rope_neox;
     if (kkv_gguf_get_str(g, "general.name", &s) == KKV_OK) copy_str(in->name, sizeof in->name, s);
@@ -317,12 +319,42 @@ kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads) {
     if (!path) return kkv_fail(KKV_ERR_INVALID_ARG, "model: path is NULL");
     if (n_threads < 0)
         return kkv_fail(KKV_ERR_INVALID_ARG, "model: n_threads %d is negative", n_threads);
+    kkv_gguf *g;
+    KKV_TRY(kkv_gguf_open(&g, path)); /* its messages name the path */
+    kkv_status s = kkv_model_from_gguf(out, g, n_threads);
+    if (s != KKV_OK) {
+        char shown[160];
+        kkv_printable(shown, sizeof shown, path, strlen(path));
+        kkv_fail(s, "%s: %s", shown, kkv_last_error()); /* then every message names it once */
+    }
+    return s;
+}
+
+kkv_status kkv_model_from_gguf(kkv_model **out, kkv_gguf *g, int n_threads) {
+    if (!out) {
+        kkv_gguf_close(g);
+        return kkv_fail(KKV_ERR_INVALID_ARG, "model: out is NULL");
+    }
+    *out = NULL;
+    if (!g) return kkv_fail(KKV_ERR_INVALID_ARG, "model: gguf is NULL");
+    if (n_threads < 0) {
+        kkv_gguf_close(g);
+        return kkv_fail(KKV_ERR_INVALID_ARG, "model: n_threads %d is negative", n_threads);
+    }
     kkv_model *m = calloc(1, sizeof *m);
-    if (!m) return kkv_fail(KKV_ERR_NOMEM, "model: out of memory");
-    kkv_status s = kkv_gguf_open(&m->gguf, path);
-    if (s == KKV_OK) s = read_hparams(m);
+    if (!m) {
+        kkv_gguf_close(g);
+        return kkv_fail(KKV_ERR_NOMEM, "model: out of memory");
+    }
+    m->gguf = g;
+    kkv_status s = read_hparams(m);
     if (s == KKV_OK) s = load_tensors(m);
     if (s == KKV_OK) s = kkv_tok_from_gguf(&m->tok, m->gguf);
+    /* Every id the tokenizer can produce must have an embedding row and every
+     * logit a token text, or generated ids would vanish from the text. */
+    if (s == KKV_OK && kkv_tok_n_vocab(m->tok) != m->info.n_vocab)
+        s = kkv_fail(KKV_ERR_FORMAT, "model: the tokenizer has %d tokens but token_embd has "
+                     "%d rows", kkv_tok_n_vocab(m->tok), m->info.n_vocab);
     if (s == KKV_OK) s = read_chat_template(m);
     if (s == KKV_OK) s = alloc_work(m);
     if (s == KKV_OK) s = kkv_tp_create(&m->tp_own, n_threads ? n_threads : kkv_cpu_count());
@@ -335,6 +367,7 @@ kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads) {
     m->info.eos = kkv_tok_eos(m->tok);
     m->info.eot = kkv_tok_eot(m->tok);
     *out = m;
+    kkv_clear_error(); /* optional lookups on the way left messages */
     return KKV_OK;
 }
 
@@ -359,8 +392,12 @@ kkv_status kkv_model_load_vocab(kkv_model **out, const char *path, const char *p
     if (!path) return kkv_fail(KKV_ERR_INVALID_ARG, "vocab: path is NULL");
     kkv_model *m = calloc(1, sizeof *m);
     if (!m) return kkv_fail(KKV_ERR_NOMEM, "vocab: out of memory");
-    kkv_status s = kkv_gguf_open(&m->gguf, path);
-    if (s == KKV_OK) s = kkv_tok_from_gguf_pre(&m->tok, m->gguf, pre);
+    kkv_status s = kkv_gguf_open(&m->gguf, path); /* its messages name the path */
+    if (s == KKV_OK && (s = kkv_tok_from_gguf_pre(&m->tok, m->gguf, pre)) != KKV_OK) {
+        char shown[160];
+        kkv_printable(shown, sizeof shown, path, strlen(path));
+        kkv_fail(s, "%s: %s", shown, kkv_last_error());
+    }
     if (s == KKV_OK) s = read_chat_template(m);
     if (s != KKV_OK) {
         kkv_model_free(m);

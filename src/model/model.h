@@ -73,4 +73,9 @@ struct kkv_model {
     float         *work_mem;   /* backing store of w (one block) */
 };
 
+/* kkv_model_load() on an already parsed GGUF, which the model takes over in
+ * every case (closed on failure). For tests and fuzz targets that hold the
+ * file in memory (kkv_gguf_parse); the buffer must outlive the model. */
+kkv_status kkv_model_from_gguf(kkv_model **out, kkv_gguf *g, int n_threads);
+
 #endif

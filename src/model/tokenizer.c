@@ -198,6 +198,14 @@ void kkv_tok_free(kkv_tok *t) {
     free(t);
 }
 
+/* A required or typed metadata lookup that failed: the gguf getter's message
+ * already names the key and the problem; a missing key gets its own. */
+static kkv_status meta_fail(kkv_status s, const char *key) {
+    if (s == KKV_ERR_NOT_FOUND)
+        return kkv_fail(KKV_ERR_FORMAT, "tokenizer: the file has no '%s'", key);
+    return s == KKV_ERR_NOMEM ? s : KKV_ERR_FORMAT;
+}
+
 /* Reads an optional token id; -1 if absent. */
 static kkv_status read_id(const kkv_gguf *g, const char *key, int n_vocab, int32_t *out) {
     int64_t v;
@@ -206,7 +214,7 @@ static kkv_status read_id(const kkv_gguf *g, const char *key, int n_vocab, int32
         *out = -1;
         return KKV_OK;
     }
-    if (s != KKV_OK) return kkv_fail(KKV_ERR_FORMAT, "%s: %s", key, kkv_last_error());
+    if (s != KKV_OK) return meta_fail(s, key);
     if (v < 0 || v >= n_vocab)
         return kkv_fail(KKV_ERR_FORMAT, "%s = %lld is not a token id (vocabulary of %d)", key,
                         (long long)v, n_vocab);
@@ -223,7 +231,7 @@ static kkv_status load_types(kkv_tok *t, const kkv_gguf *g) {
         memset(t->type, KKV_TOKTYPE_NORMAL, (size_t)t->n_vocab);
         return KKV_OK;
     }
-    if (s != KKV_OK) return kkv_fail(KKV_ERR_FORMAT, "tokenizer.ggml.token_type: %s", kkv_last_error());
+    if (s != KKV_OK) return meta_fail(s, "tokenizer.ggml.token_type");
     if (n != (uint64_t)t->n_vocab)
         return kkv_fail(KKV_ERR_FORMAT, "tokenizer.ggml.token_type has %llu entries, tokens %d",
                         (unsigned long long)n, t->n_vocab);
@@ -318,7 +326,7 @@ static kkv_status load_merges(kkv_tok *t, const kkv_gguf *g) {
     uint64_t n;
     kkv_status s = kkv_gguf_get_str_arr(g, "tokenizer.ggml.merges", &m, &n);
     if (s != KKV_OK)
-        return kkv_fail(KKV_ERR_FORMAT, "tokenizer.ggml.merges: %s", kkv_last_error());
+        return meta_fail(s, "tokenizer.ggml.merges");
     if (n > INT32_MAX / 4)
         return kkv_fail(KKV_ERR_FORMAT, "tokenizer.ggml.merges: %llu entries is too many",
                         (unsigned long long)n);
@@ -338,8 +346,9 @@ static kkv_status load_merges(kkv_tok *t, const kkv_gguf *g) {
         const char *sp = len > 1 ? memchr(p + 1, ' ', len - 1) : NULL;
         if (!sp) {
             free(buf);
-            return kkv_fail(KKV_ERR_FORMAT, "tokenizer.ggml.merges[%llu] has no space: '%.*s'",
-                            (unsigned long long)r, (int)(len > 60 ? 60 : len), p);
+            char shown[80];
+            return kkv_fail(KKV_ERR_FORMAT, "tokenizer.ggml.merges[%llu] has no space: '%s'",
+                            (unsigned long long)r, kkv_printable(shown, sizeof shown, p, len));
         }
         size_t la = (size_t)(sp - p), lb = len - la - 1;
         if (la + lb > cap) {
@@ -421,18 +430,20 @@ static kkv_status build(kkv_tok *t, const kkv_gguf *g, const char *pre) {
     kkv_gguf_str model;
     kkv_status s = kkv_gguf_get_str(g, "tokenizer.ggml.model", &model);
     if (s == KKV_ERR_NOT_FOUND) return kkv_fail(KKV_ERR_FORMAT, "no tokenizer.ggml.model in the file");
-    if (s != KKV_OK) return kkv_fail(KKV_ERR_FORMAT, "tokenizer.ggml.model: %s", kkv_last_error());
-    if (!kkv_gguf_str_eq(model, "gpt2"))
+    if (s != KKV_OK) return meta_fail(s, "tokenizer.ggml.model");
+    if (!kkv_gguf_str_eq(model, "gpt2")) {
+        char shown[64];
         return kkv_fail(KKV_ERR_UNSUPPORTED,
-                        "tokenizer model '%.*s' is not supported (only byte-level BPE, 'gpt2')",
-                        (int)(model.len > 40 ? 40 : model.len), model.ptr);
+                        "tokenizer model '%s' is not supported (only byte-level BPE, 'gpt2')",
+                        kkv_printable(shown, sizeof shown, model.ptr, model.len));
+    }
 
     kkv_gguf_str pre_s = {"default", 7};
     if (pre) pre_s = (kkv_gguf_str){pre, strlen(pre)};
     else {
         s = kkv_gguf_get_str(g, "tokenizer.ggml.pre", &pre_s);
         if (s == KKV_ERR_NOT_FOUND) pre_s = (kkv_gguf_str){"default", 7};
-        else if (s != KKV_OK) return kkv_fail(KKV_ERR_FORMAT, "tokenizer.ggml.pre: %s", kkv_last_error());
+        else if (s != KKV_OK) return meta_fail(s, "tokenizer.ggml.pre");
     }
     for (int i = 0; i < N_PRE && !t->pre; i++)
         if (kkv_gguf_str_eq(pre_s, pre_defs[i].name)) t->pre = &pre_defs[i];
@@ -442,14 +453,15 @@ static kkv_status build(kkv_tok *t, const kkv_gguf *g, const char *pre) {
             size_t k = strlen(known);
             snprintf(known + k, sizeof known - k, "%s%s", i ? " " : "", pre_defs[i].name);
         }
-        return kkv_fail(KKV_ERR_UNSUPPORTED, "pre-tokenizer '%.*s' is not supported (known: %s)",
-                        (int)(pre_s.len > 40 ? 40 : pre_s.len), pre_s.ptr, known);
+        char shown[64];
+        return kkv_fail(KKV_ERR_UNSUPPORTED, "pre-tokenizer '%s' is not supported (known: %s)",
+                        kkv_printable(shown, sizeof shown, pre_s.ptr, pre_s.len), known);
     }
 
     const kkv_gguf_str *toks;
     uint64_t n;
     s = kkv_gguf_get_str_arr(g, "tokenizer.ggml.tokens", &toks, &n);
-    if (s != KKV_OK) return kkv_fail(KKV_ERR_FORMAT, "tokenizer.ggml.tokens: %s", kkv_last_error());
+    if (s != KKV_OK) return meta_fail(s, "tokenizer.ggml.tokens");
     if (n == 0 || n > INT32_MAX / 4)
         return kkv_fail(KKV_ERR_FORMAT, "tokenizer.ggml.tokens has %llu entries",
                         (unsigned long long)n);
@@ -473,7 +485,7 @@ static kkv_status build(kkv_tok *t, const kkv_gguf *g, const char *pre) {
     int wb = 0;
     s = kkv_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &wb);
     if (s != KKV_OK && s != KKV_ERR_NOT_FOUND)
-        return kkv_fail(KKV_ERR_FORMAT, "tokenizer.ggml.add_bos_token: %s", kkv_last_error());
+        return meta_fail(s, "tokenizer.ggml.add_bos_token");
     t->wants_bos = s == KKV_OK && wb;
 
     return compile_pre(t);
@@ -533,6 +545,11 @@ kkv_status kkv_tok_piece(const kkv_tok *t, char *buf, size_t cap, size_t *n_out,
 
 /* ------------------------------------------------------------ encoding */
 
+/* Elementary encoding steps on this thread (heap operations, regex calls,
+ * special-token probes): tests bound complexity by this, not by a clock. */
+static _Thread_local uint64_t work_count;
+uint64_t kkv_tok_work(void) { return work_count; }
+
 typedef struct enc {
     const kkv_tok *t;
     pcre2_match_data *md;
@@ -574,6 +591,7 @@ static void heap_sift_down(uint64_t *h, size_t n, size_t i) {
 }
 
 static void heap_push(enc *e, uint64_t v) {
+    work_count++;
     size_t i = e->n_heap++;
     while (i > 0 && v < e->heap[(i - 1) / 2]) {
         e->heap[i] = e->heap[(i - 1) / 2];
@@ -583,6 +601,7 @@ static void heap_push(enc *e, uint64_t v) {
 }
 
 static uint64_t heap_pop(enc *e) {
+    work_count++;
     uint64_t top = e->heap[0];
     e->heap[0] = e->heap[--e->n_heap];
     if (e->n_heap) heap_sift_down(e->heap, e->n_heap, 0);
@@ -648,6 +667,7 @@ static kkv_status bpe_run(enc *e, const uint8_t *p, size_t n) {
         const pair_slot *m = pmap_get(t, e->sym[i], e->sym[i + 1]);
         if (m) e->heap[e->n_heap++] = heap_key(m->rank, i);
     }
+    work_count += (uint64_t)nn; /* the heap is built in O(n) */
     for (size_t i = e->n_heap / 2; i-- > 0;) heap_sift_down(e->heap, e->n_heap, i);
     while (e->n_heap) {
         uint64_t h = heap_pop(e);
@@ -708,6 +728,7 @@ static kkv_status pre_split(enc *e, int level, const char *p, size_t n) {
     if (level >= t->n_re || level >= MAX_RE) return bpe(e, (const uint8_t *)p, n);
     size_t off = 0, gap = 0;
     while (off < n) {
+        work_count++;
         int rc = pcre2_match(t->re[level], (PCRE2_SPTR)p, n, off, PCRE2_NO_UTF_CHECK, e->md, NULL);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
             rc = pcre2_match(t->re[level], (PCRE2_SPTR)p, n, off, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
@@ -761,6 +782,7 @@ static void find_special(const kkv_tok *t, const uint8_t *p, size_t n, size_t fr
     for (size_t i = from; i < n; i++) {
         if (!t->special_first[p[i]]) continue;
         for (int k = 0; k < t->n_special; k++) {
+            work_count++;
             span s = t->text[t->special[k]];
             if (s.len <= n - i && !memcmp(p + i, t->text_arena + s.off, s.len)) {
                 *ms = i;

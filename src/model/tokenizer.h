@@ -58,4 +58,9 @@ int        kkv_tok_type(const kkv_tok *t, int32_t token);
 uint32_t   kkv_tok_byte_to_cp(uint8_t b);
 int        kkv_tok_cp_to_byte(uint32_t cp);
 
+/* Elementary steps kkv_tok_encode has taken on this thread so far (heap
+ * operations, regex calls, special-token probes). A work counter for tests
+ * that check complexity without a clock; differences between two reads. */
+uint64_t kkv_tok_work(void);
+
 #endif

@@ -1,12 +1,17 @@
-/* libFuzzer target for the GGUF reader: parse the input, then walk every
- * metadata entry, string array and tensor the way a loader would, reading
- * every byte the reader says is in bounds (ASan reports anything that is
- * not). Build: CC=clang cmake -DKKV_FUZZ=ON; run: fuzz_gguf tests/fuzz/corpus_gguf */
+/* libFuzzer target for the GGUF reader and model load: parse the input, walk
+ * every metadata entry, string array and tensor the way a loader would,
+ * reading every byte the reader says is in bounds (ASan reports anything that
+ * is not), then load it as a model (hyperparameters, tensor shapes, the
+ * tokenizer) and, for a small model that loads, tokenize and run one forward
+ * pass. Build: CC=clang cmake -DKKV_FUZZ=ON; run: fuzz_gguf tests/fuzz/corpus_gguf
+ * (tiny_llama.seed is a complete 1-layer model). */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model/gguf.h"
+#include "model/model.h"
 #include "model/weights.h"
 
 static volatile uint8_t g_sink;
@@ -74,5 +79,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
     }
     kkv_gguf_close(g);
+
+    /* the same bytes as a model: every failure must be a clean status */
+    if (kkv_gguf_parse(&g, data, size) != KKV_OK) return 0;
+    kkv_model *m = NULL;
+    if (kkv_model_from_gguf(&m, g, 1) != KKV_OK) return 0; /* g is closed */
+    kkv_model_info in;
+    kkv_model_get_info(m, &in);
+    if (in.n_vocab < 1 || in.n_layers < 1) __builtin_trap();
+    if (in.weight_bytes <= (1u << 20) && (uint64_t)in.n_embd * in.n_layers <= 4096) {
+        int32_t ids[16];
+        int n = 0;
+        const char *text = "Hi <|im_start|>";
+        if (kkv_tokenize(m, ids, 16, &n, text, strlen(text), 1, 1) == KKV_OK && n > 0) {
+            for (int i = 0; i < n; i++)
+                if (ids[i] < 0 || ids[i] >= in.n_vocab) __builtin_trap();
+            kkv_method me;
+            kkv_method_from_name(&me, "kitty");
+            kkv_cache_config cfg = kkv_model_cache_config(m, &me, 1 << 20);
+            kkv_cache *c = NULL;
+            float *lg = malloc((size_t)in.n_vocab * sizeof *lg);
+            int seq;
+            if (lg && kkv_cache_create(&c, &cfg) == KKV_OK && kkv_seq_add(c, &seq) == KKV_OK)
+                (void)kkv_model_forward(m, c, lg, seq, ids, n, 0);
+            kkv_cache_free(c);
+            free(lg);
+        }
+    }
+    kkv_model_free(m);
     return 0;
 }

@@ -25,7 +25,7 @@ typedef struct an_opts {
 typedef struct an_ctx {
     an_opts        o;
     kkv_model     *m;
-    kkv_threadpool *tp;      /* the model's matmuls (the caches keep their own) */
+    kkv_threadpool *tp;      /* the model's matmuls and the eval caches (ablation) */
     kkv_model_info info;
     int32_t       *tokens;   /* [n_tokens] the text, tokenized */
     int            n_tokens; /* >= o.ctx */

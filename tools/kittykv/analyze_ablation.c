@@ -128,7 +128,7 @@ int an_ablation(an_ctx *a) {
     cfg.n_tokens = o->ctx;
     cfg.score_from = o->score_from;
     cfg.chunk = o->chunk;
-    cfg.n_threads = o->threads;
+    cfg.pool = a->tp;
     cfg.ranks = ranks;
     if (cli_eval_run(res, &ref, a->m, a->tokens, &cfg, specs, n_specs, "ablation",
                      "analyze ablation"))

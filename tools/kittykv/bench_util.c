@@ -218,7 +218,7 @@ int bench_load_model(kkv_model **m, const bench_opts *o, int optional) {
     }
     if (f) fclose(f);
     if (kkv_model_load(m, path, o->threads) != KKV_OK) {
-        fprintf(stderr, "kittykv %s: loading '%s': %s\n", o->cmd, path, kkv_last_error());
+        fprintf(stderr, "kittykv %s: %s\n", o->cmd, kkv_last_error());
         return 1;
     }
     return 0;

@@ -138,7 +138,7 @@ int cmd_eval(int argc, char **argv) {
     }
 
     o.threads = cli_threads(o.threads, CMD);
-    kkv_threadpool *tp = NULL; /* the model's matmuls; each method's cache has its own */
+    kkv_threadpool *tp = NULL; /* shared by the model and every method's cache */
     kkv_model *m = NULL;
     int32_t *tokens = NULL;
     kkv_eval_result res[MAX_SPECS], ref;
@@ -165,7 +165,7 @@ int cmd_eval(int argc, char **argv) {
     cfg.n_tokens = o.ctx;
     cfg.score_from = o.score_from;
     cfg.chunk = o.chunk;
-    cfg.n_threads = o.threads;
+    cfg.pool = tp;
     if (cli_eval_run(res, &ref, m, tokens, &cfg, specs, n_specs, "eval", CMD)) goto done;
     print_table(specs, res, n_specs, &ref, o.ctx, o.score_from);
     if (o.json) print_json(&o, &info, specs, res, n_specs, &ref, o.ctx);

@@ -195,6 +195,10 @@ static int prompt_tokens(const opts *o, const kkv_model *m, int32_t **ids, int *
         *ids = malloc((size_t)cap * sizeof **ids);
         if (!*ids) return fprintf(stderr, "kittykv " CMD ": out of memory\n"), 1;
         const char *p = o->prompt_ids;
+        if (!*p) {
+            fprintf(stderr, "kittykv " CMD ": --prompt-ids is empty (give at least one id)\n");
+            return 2;
+        }
         while (*p) {
             char *end;
             errno = 0;
@@ -215,8 +219,7 @@ static int prompt_tokens(const opts *o, const kkv_model *m, int32_t **ids, int *
     if (path) {
         file_text = cli_read_file(path, &len);
         if (!file_text) {
-            fprintf(stderr, "kittykv " CMD ": cannot read prompt file '%s': %s\n", path,
-                    strerror(errno));
+            fprintf(stderr, "kittykv " CMD ": prompt file %s\n", kkv_last_error());
             return 1;
         }
         text = file_text;

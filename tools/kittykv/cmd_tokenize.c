@@ -228,7 +228,7 @@ int cmd_tokenize(int argc, char **argv) {
     if (file) {
         data = cli_read_file(!strcmp(file, "-") ? "/dev/stdin" : file, &len);
         if (!data) {
-            fprintf(stderr, "kittykv tokenize: cannot read %s\n", file);
+            fprintf(stderr, "kittykv tokenize: %s\n", kkv_last_error());
             return 1;
         }
     } else {
@@ -239,9 +239,9 @@ int cmd_tokenize(int argc, char **argv) {
     }
 
     kkv_model *tok = NULL;
-    kkv_status s = kkv_model_load_vocab(&tok, model, pre);
+    kkv_status s = kkv_model_load_vocab(&tok, model, pre); /* messages name the path */
     if (s != KKV_OK) {
-        fprintf(stderr, "kittykv tokenize: %s: %s\n", model, kkv_last_error());
+        fprintf(stderr, "kittykv tokenize: %s\n", kkv_last_error());
         free(data);
         return 1;
     }

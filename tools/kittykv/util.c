@@ -69,32 +69,8 @@ int cli_int_list(int *out, int cap, const char *s, const char *cmd, const char *
 }
 
 char *cli_read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (n < cap) break;
-        char *nb = realloc(buf, cap * 2 + 1);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (!buf || err) {
-        free(buf);
-        errno = err ? EIO : ENOMEM;
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
+    char *buf = NULL;
+    if (kkv_file_read(&buf, len, path, KKV_EVAL_MAX_TEXT_BYTES) != KKV_OK) return NULL;
     return buf;
 }
 

@@ -34,8 +34,10 @@ int cli_float(float *out, const char *s, double lo, double hi, const char *cmd,
 /* Comma-separated ints ("1024,4096"): out [cap]; returns count or -1. */
 int cli_int_list(int *out, int cap, const char *s, const char *cmd, const char *opt);
 
-/* Whole file into a malloc'd NUL-terminated buffer; *len = bytes. NULL (errno
- * set) on failure. */
+/* A text input (prompt, evaluation text; "-" is not special) into a malloc'd
+ * NUL-terminated buffer; *len = bytes. At most KKV_EVAL_MAX_TEXT_BYTES, so
+ * /dev/zero or a huge file fails fast. NULL on failure, with a one-line reason
+ * (naming the path) in kkv_last_error(). */
 char *cli_read_file(const char *path, size_t *len);
 
 /* Progress bar on stderr with rate and ETA; only when stderr is a terminal or
