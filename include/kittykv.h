@@ -179,6 +179,11 @@ typedef struct kkv_method {
     int        value_bits; /* 2 or 4                                               */
     kkv_select select;
     uint64_t   seed;       /* for KKV_SELECT_RANDOM                                */
+    int        eager_values; /* 1: a value is quantized into its page the moment it
+                              leaves the R-value window (a value's group is its own
+                              token, so no value Q-buffer is kept); attention then
+                              sees up to G older values quantized that the paper's
+                              lifecycle keeps in fp16. 0 for every named method. */
 } kkv_method;
 
 /* Fills *out with the named method: "fp16", "kivi-k2v2", "kivi-k2v2s",
@@ -192,7 +197,7 @@ const char *const *kkv_method_names(void);
 /* Parses a method spec: a name from kkv_method_names(), optionally followed by
  * ':key=value' overrides, e.g. "kitty:alpha=0.5:select=random:seed=3".
  * Keys: alpha=F (0..1), select=magnitude|variance|random|oracle, seed=N,
- * sink=N, group=N, window=N, vbits=2|4. select=oracle is KKV_SELECT_EXPLICIT
+ * sink=N, group=N, window=N, vbits=2|4, eager=0|1. select=oracle is KKV_SELECT_EXPLICIT
  * (the caller supplies rankings with kkv_cache_set_rank). A spec that sets
  * what its method would ignore is rejected: fp16 takes only group (its page
  * size), select/seed need 0 < alpha < 1, seed needs select=random.
@@ -266,12 +271,14 @@ void       kkv_cache_free(kkv_cache *c);
  * until kkv_cache_free; NULL for a NULL cache). */
 const kkv_cache_config *kkv_cache_get_config(const kkv_cache *c);
 
-/* Adds an empty sequence; *seq gets its id (the lowest free one). Its fp16
- * staging area (sink, key Q-buffer, value window + Q-buffer for every layer and
- * head) is taken from the pool budget. KKV_ERR_POOL_FULL if it does not fit or
- * all max_seqs ids are in use. */
+/* Adds an empty sequence; *seq gets its id (the lowest free one). It takes
+ * nothing from the pool yet: its fp16 staging (sink, key Q-buffer, value
+ * window and Q-buffer) grows with it in chunks of 16 tokens per part, from the
+ * pool budget, and shrinks when a flush empties a Q-buffer. KKV_ERR_POOL_FULL
+ * if all max_seqs ids are in use. The sequence lives until kkv_seq_free(). */
 kkv_status kkv_seq_add(kkv_cache *c, int *seq);
-/* Frees a sequence and returns its pages and staging to the pool. */
+/* Frees a sequence and returns its staging and credit to the pool, and each
+ * page whose last user it was. */
 kkv_status kkv_seq_free(kkv_cache *c, int seq);
 /* Marks a sequence whose layers a multi-layer writer left inconsistent (a
  * forward pass that failed midway; kkv_model_forward calls it): from now on
@@ -283,17 +290,72 @@ kkv_status kkv_seq_mark_failed(kkv_cache *c, int seq);
  * layer or cache). */
 int        kkv_seq_len(const kkv_cache *c, int seq, int layer);
 
-/* Makes sure the pages that appending n_tokens more tokens to every layer will
- * need are allocated now; all or nothing. KKV_ERR_POOL_FULL leaves the cache
- * exactly as it was. kkv_append() also allocates on demand. */
+/* Takes from the pool now exactly what appending n_tokens more tokens to every
+ * layer (append -> flush each) can need at its peak: staging and new pages.
+ * The bytes become the sequence's credit, so those appends and flushes never
+ * meet KKV_ERR_POOL_FULL; credit is kept until kkv_seq_free(). All or nothing:
+ * KKV_ERR_POOL_FULL leaves the cache exactly as it was. Without a reservation
+ * kkv_append() and kkv_flush() take from the pool on demand. */
 kkv_status kkv_seq_reserve(kkv_cache *c, int seq, int n_tokens);
+
+/* Adds a sequence (*child, the lowest free id) that holds exactly what
+ * `parent` holds, so it continues exactly as the parent would (bit-identical
+ * attention and logits). Pages whose keys and values are all written are
+ * shared (reference-counted, never copied: pages never change once written);
+ * the fp16 staging and the at most ceil((R + G) / G) pages per layer still
+ * being written are copied. Either sequence then grows on its own; a page
+ * goes back to the pool when its last user is freed. The child holds no
+ * credit beyond its staging. KKV_ERR_POOL_FULL (or NOMEM) leaves everything
+ * as it was. For a prefix cache: keep the prefix as a sequence, fork it per
+ * request. */
+kkv_status kkv_seq_fork(kkv_cache *c, int *child, int parent);
+
+/* ---------------------------------------------------------------- save / load */
+/* A saved sequence (docs/STATE_FORMAT.md): versioned and self-describing
+ * (method, shape, model fingerprint, token ids), the pages in the format
+ * above and the fp16 parts, checksummed with XXH3-64. About as large as the
+ * sequence's bytes in memory. */
+#define KKV_STATE_FORMAT_VERSION 1
+
+typedef struct kkv_state_meta {
+    uint64_t       model_fingerprint; /* kkv_model_fingerprint(), or 0 without a model */
+    const int32_t *tokens;            /* [n_tokens] the ids the sequence holds, or NULL */
+    int            n_tokens;          /* 0.. */
+} kkv_state_meta;
+
+/* Writes sequence seq into buf [cap]; *n_out = the bytes it takes. With buf
+ * NULL only *n_out is set; a too-small cap is KKV_ERR_INVALID_ARG (*n_out set).
+ * meta may be NULL (no tokens, fingerprint 0). */
+kkv_status kkv_seq_save(const kkv_cache *c, void *buf, size_t cap, size_t *n_out, int seq,
+                        const kkv_state_meta *meta);
+/* The same into a file (written whole, then renamed into place). */
+kkv_status kkv_seq_save_file(const kkv_cache *c, const char *path, int seq,
+                             const kkv_state_meta *meta);
+/* Adds a sequence (*seq, lowest free id) from a saved state in buf [n]. The
+ * state must have this cache's method, shape and the given model fingerprint.
+ * tokens [tokens_cap] receives the saved token ids, *n_tokens their count (may
+ * be NULL when none are wanted); a too-small tokens_cap is KKV_ERR_INVALID_ARG
+ * with *n_tokens set and nothing added. Any corruption (truncation, a flipped
+ * byte, another method, shape, model or a future version) is KKV_ERR_FORMAT
+ * with a one-line reason; KKV_ERR_POOL_FULL if it does not fit. On any error
+ * the cache is exactly as it was. The loaded sequence holds no reservation. */
+kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
+                        uint64_t model_fingerprint, int32_t *tokens, int tokens_cap,
+                        int *n_tokens);
+/* The same from a file; KKV_ERR_IO if it cannot be read. */
+kkv_status kkv_seq_load_file(kkv_cache *c, int *seq, const char *path,
+                             uint64_t model_fingerprint, int32_t *tokens, int tokens_cap,
+                             int *n_tokens);
 
 /* Appends one token's key and value for one layer, all KV heads.
  * k, v: [n_kv_heads][head_dim]; k is post-RoPE. */
 kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const float *v);
 
 /* Quantizes any full key Q-buffer / value Q-buffer of (seq, layer) into pages.
- * Call after kkv_attend() of the step (docs/FORMAT.md section 3). */
+ * Call after kkv_attend() of the step (docs/FORMAT.md section 3). The page
+ * comes from the staging the flush frees (or the sequence's credit); only
+ * where a page is larger than that staging (tiny groups) and nothing was
+ * reserved can it meet KKV_ERR_POOL_FULL, leaving everything as it was. */
 kkv_status kkv_flush(kkv_cache *c, int seq, int layer);
 
 /* Decode attention of n_q query heads over everything cached for (seq, layer):
@@ -343,9 +405,15 @@ typedef struct kkv_mem {
     uint64_t fp16;        /* fp16 tokens held: sink, Q-buffers, window (and all
                              pages of the fp16 method)                          */
     uint64_t total;       /* sum of the above                                   */
-    uint64_t capacity;    /* bytes allocated from the pool (pages + staging)    */
+    uint64_t capacity;    /* bytes the pool gave the sequence: its pages, shared
+                             or not, plus its staging and the credit it holds for
+                             its next pages (see kkv_seq_reserve)               */
     uint64_t tokens;      /* tokens held, summed over sequences (per layer)     */
     double   bits_per_element; /* 8*total / (2 * tokens * layers * kv_heads * D) */
+    uint64_t shared;      /* of capacity: page bytes other sequences also hold
+                             (forks); the pool-wide figure counts each once     */
+    uint64_t used;        /* pool: bytes handed out, shared pages once (capacity
+                             minus kkv_cache_free_bytes); sequence: = capacity  */
 } kkv_mem;
 
 kkv_status kkv_seq_mem(const kkv_cache *c, kkv_mem *out, int seq);

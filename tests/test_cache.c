@@ -155,6 +155,13 @@ static snap take_snap(const kkv_cache *c, int seq) {
     return s;
 }
 
+/* Same contents; the pool bytes held may differ (a sequence's credit is the
+ * peak it has needed, which depends on the order of its appends). */
+static int snap_same_content(const snap *a, const snap *b) {
+    return !memcmp(a->len, b->len, sizeof a->len) && mem_eq(&a->mem, &b->mem) && a->n == b->n &&
+           !memcmp(a->kv, b->kv, a->n * sizeof *a->kv);
+}
+
 static int snap_eq(const snap *a, const snap *b) {
     return !memcmp(a->len, b->len, sizeof a->len) && mem_eq(&a->mem, &b->mem) &&
            a->mem.capacity == b->mem.capacity && a->n == b->n &&
@@ -328,7 +335,7 @@ static void invariance(const char *name, kkv_select sel) {
                 s0 = seq;
                 continue;
             }
-            CHECK(snap_eq(&ref, &s), "%s sel %d T=%d: order %d / flush %d%% changes the state",
+            CHECK(snap_same_content(&ref, &s), "%s sel %d T=%d: order %d / flush %d%% changes the state",
                   name, (int)sel, T, orders[o][0], orders[o][1]);
             int same = 1;
             if (!m.fp16)
@@ -357,138 +364,130 @@ static void invariance(const char *name, kkv_select sel) {
 
 /* ---------------------------------------------------------------- pool */
 
-/* Measures staging bytes per sequence and bytes per page slot from the pool. */
-static void measure(const kkv_method *m, int L, int H, int D, uint64_t *staging, uint64_t *slot) {
-    kkv_cache *c = make_cache(m, L, H, D, 64u << 20, 0, 0);
-    *staging = *slot = 0;
-    if (!c) return;
-    uint64_t f0 = kkv_cache_free_bytes(c);
-    int seq;
-    kkv_seq_add(c, &seq);
-    uint64_t f1 = kkv_cache_free_bytes(c);
-    kkv_seq_reserve(c, seq, m->sink + m->group);
-    uint64_t f2 = kkv_cache_free_bytes(c);
-    *staging = f0 - f1;
-    *slot = f1 - f2;
-    /* the slot holds one key and one value page of every layer and head */
-    int nb = kkv_method_boost(m, D);
-    uint64_t want = (uint64_t)L * H *
-                    (m->fp16 ? 2u * m->group * D * 2
-                             : kkv_key_page_bytes(D, m->group, nb) +
-                                   kkv_value_page_bytes(D, m->group, m->value_bits));
-    CHECK(*slot == want, "one page slot takes %llu bytes, want %llu", (unsigned long long)*slot,
-          (unsigned long long)want);
-    /* staging: sink K+V, key Q-buffer, value window + Q-buffer, fp16 */
-    uint64_t sw = (uint64_t)L * H * D * 2 *
-                  (uint64_t)(m->fp16 ? 2 * m->group : 2 * m->sink + 2 * m->group + m->window);
-    CHECK(*staging == sw, "staging takes %llu bytes, want %llu", (unsigned long long)*staging,
-          (unsigned long long)sw);
-    kkv_mem mem;
-    kkv_seq_mem(c, &mem, seq);
-    CHECK(mem.capacity == *staging + *slot, "seq capacity %llu != staging + one slot",
-          (unsigned long long)mem.capacity);
-    kkv_cache_free(c);
+/* Appends n tokens to every layer of seq, token-major, flushing each step;
+ * returns the first failing status. */
+static kkv_status feed(kkv_cache *c, int seq, int n, tu_rng *r) {
+    const kkv_cache_config *cfg = kkv_cache_get_config(c);
+    size_t row = (size_t)cfg->n_kv_heads * cfg->head_dim;
+    float kv[2][4 * 64];
+    for (int t = 0; t < n; t++)
+        for (int l = 0; l < cfg->n_layers; l++) {
+            fill_normal(kv[0], row, r, 1.0f);
+            fill_normal(kv[1], row, r, 1.0f);
+            kkv_status s = kkv_append(c, seq, l, kv[0], kv[1]);
+            if (s == KKV_OK) s = kkv_flush(c, seq, l);
+            if (s != KKV_OK) return s;
+        }
+    return KKV_OK;
 }
 
+/* Staging on demand (issue 13): the pool bytes a sequence holds follow its
+ * length in chunks; kkv_seq_reserve(n) takes exactly the peak that n more
+ * tokens reach, no more and no less; pool-full is all or nothing. */
 static void test_pool(void) {
     enum { L = 2, H = 2, D = 16 };
-    kkv_method m = method("kitty");
-    int S = m.sink, G = m.group;
-    uint64_t stg, slot;
-    measure(&m, L, H, D, &stg, &slot);
-    if (!slot) return;
-    /* room for 2 sequences and 3 pages (plus a little that fits no page) */
-    kkv_cache *c = make_cache(&m, L, H, D, 2 * stg + 3 * slot + slot / 2, 0, 0);
-    if (!c) return;
-    uint64_t free0 = kkv_cache_free_bytes(c);
-    CHECK(free0 == 2 * stg + 3 * slot + slot / 2, "free bytes %llu at start",
-          (unsigned long long)free0);
-    int a, b, x;
-    CHECK(kkv_seq_add(c, &a) == KKV_OK && kkv_seq_add(c, &b) == KKV_OK, "two seq_add");
-    CHECK(kkv_seq_add(c, &x) == KKV_ERR_POOL_FULL, "third sequence's staging fit");
-    CHECK(*kkv_last_error(), "no message");
-    tu_rng r = tu_rng_make(31);
-    float kv[2][H * D];
-    /* a takes 2 pages, b 1; b's second page must fail */
-    int fail_at = -1;
-    for (int t = 0; t < S + 2 * G; t++)
-        for (int l = 0; l < L; l++) {
-            fill_normal(kv[0], H * D, &r, 1.0f);
-            fill_normal(kv[1], H * D, &r, 1.0f);
-            CHECK(kkv_append(c, a, l, kv[0], kv[1]) == KKV_OK, "a t=%d: %s", t, kkv_last_error());
-            kkv_flush(c, a, l);
-        }
-    for (int t = 0; t < S + 3 * G && fail_at < 0; t++)
-        for (int l = 0; l < L && fail_at < 0; l++) {
-            fill_normal(kv[0], H * D, &r, 1.0f);
-            fill_normal(kv[1], H * D, &r, 1.0f);
-            snap sa = take_snap(c, a), sb = take_snap(c, b);
-            uint64_t fb = kkv_cache_free_bytes(c);
-            kkv_status s = kkv_append(c, b, l, kv[0], kv[1]);
-            if (s != KKV_OK) {
-                fail_at = t;
-                CHECK(s == KKV_ERR_POOL_FULL, "status %d, want POOL_FULL", (int)s);
-                CHECK(*kkv_last_error(), "no message after POOL_FULL");
-                snap sa2 = take_snap(c, a), sb2 = take_snap(c, b);
-                CHECK(snap_eq(&sa, &sa2) && snap_eq(&sb, &sb2) && kkv_cache_free_bytes(c) == fb,
-                      "POOL_FULL changed some sequence");
-                CHECK(kkv_seq_reserve(c, b, 1000) == KKV_ERR_POOL_FULL, "reserve fit");
-                CHECK(kkv_seq_reserve(c, a, G) == KKV_ERR_POOL_FULL, "reserve fit");
-                snap sa3 = take_snap(c, a), sb3 = take_snap(c, b);
-                CHECK(snap_eq(&sa, &sa3) && snap_eq(&sb, &sb3) && kkv_cache_free_bytes(c) == fb,
-                      "failed reserve changed some sequence");
-                /* free a: its two pages and staging come back; the retry works */
-                CHECK(kkv_seq_free(c, a) == KKV_OK, "seq_free");
-                CHECK(kkv_seq_len(c, a, 0) == -1, "freed sequence still has a length");
-                CHECK(kkv_cache_free_bytes(c) == fb + stg + 2 * slot, "free bytes after free");
-                CHECK(kkv_append(c, b, l, kv[0], kv[1]) == KKV_OK, "retry after free: %s",
-                      kkv_last_error());
-                free(sa2.kv);
-                free(sb2.kv);
-                free(sa3.kv);
-                free(sb3.kv);
-            } else {
-                kkv_flush(c, b, l);
+    const char *names[] = {"kitty", "fp16", "kivi-k2v4s"};
+    for (int mi = 0; mi < 3; mi++) {
+        for (int eager = 0; eager < 2; eager++) {
+            kkv_method m = method(names[mi]);
+            m.eager_values = eager;
+            int S = m.fp16 ? 0 : m.sink, G = m.group;
+            uint64_t tok = (uint64_t)L * H * D * 2; /* one fp16 K or V row, all layers/heads */
+            uint64_t slot = (uint64_t)L * H *
+                            (m.fp16 ? 2u * G * D * 2
+                                    : kkv_key_page_bytes(D, G, kkv_method_boost(&m, D)) +
+                                          kkv_value_page_bytes(D, G, m.value_bits));
+            kkv_cache *c = make_cache(&m, L, H, D, 64u << 20, 0, 0);
+            if (!c) return;
+            uint64_t f0 = kkv_cache_free_bytes(c);
+            int a, b;
+            tu_rng r = tu_rng_make(31);
+            CHECK(kkv_seq_add(c, &a) == KKV_OK && kkv_cache_free_bytes(c) == f0,
+                  "an empty sequence takes pool bytes");
+            CHECK(feed(c, a, 10, &r) == KKV_OK, "feed");
+            kkv_mem mem;
+            kkv_seq_mem(c, &mem, a);
+            /* 10 tokens: one 16-token chunk of sink K and V (fp16: of key and value tail) */
+            CHECK(mem.capacity == 2 * 16 * tok, "%s: 10 tokens hold %llu bytes, want %llu",
+                  names[mi], (unsigned long long)mem.capacity, (unsigned long long)(32 * tok));
+            CHECK(f0 - kkv_cache_free_bytes(c) == mem.capacity, "pool and sequence disagree");
+            /* reserve is exact: the same bytes as growing on demand in step */
+            const int ns[] = {1, S + G - 1, S + G, S + 3 * G + 5, 1000};
+            for (int i = 0; i < 5; i++) {
+                int n = ns[i];
+                int x, y;
+                kkv_seq_add(c, &x);
+                kkv_seq_add(c, &y);
+                tu_rng r1 = tu_rng_make(5), r2 = tu_rng_make(5);
+                CHECK(kkv_seq_reserve(c, x, n) == KKV_OK, "reserve: %s", kkv_last_error());
+                uint64_t fx = kkv_cache_free_bytes(c);
+                CHECK(feed(c, x, n, &r1) == KKV_OK, "feed");
+                CHECK(kkv_cache_free_bytes(c) == fx, "%s n=%d: appends after reserve took %lld more",
+                      names[mi], n, (long long)(fx - kkv_cache_free_bytes(c)));
+                CHECK(feed(c, y, n, &r2) == KKV_OK, "feed");
+                kkv_mem mx, my;
+                kkv_seq_mem(c, &mx, x);
+                kkv_seq_mem(c, &my, y);
+                CHECK(mx.capacity == my.capacity, "%s eager %d n=%d: reserve took %llu, on demand "
+                      "%llu", names[mi], eager, n, (unsigned long long)mx.capacity,
+                      (unsigned long long)my.capacity);
+                kkv_seq_free(c, x);
+                kkv_seq_free(c, y);
             }
-            free(sa.kv);
-            free(sb.kv);
-        }
-    /* b's second page is the one that needed a fourth slot: the token that
-     * fills its key Q-buffer, S + 2G - 1 (0-based), on layer 0 */
-    CHECK(fail_at == S + 2 * G - 1, "POOL_FULL at token %d, want %d", fail_at, S + 2 * G - 1);
-    CHECK(kkv_seq_free(c, a) == KKV_ERR_NOT_FOUND, "double free accepted");
-    CHECK(kkv_seq_free(c, 12345) == KKV_ERR_NOT_FOUND && kkv_seq_free(c, -1) == KKV_ERR_NOT_FOUND,
-          "bad ids accepted");
-    CHECK(kkv_seq_free(c, b) == KKV_OK, "seq_free b");
-    CHECK(kkv_cache_free_bytes(c) == free0, "free bytes %llu after freeing all, start %llu",
-          (unsigned long long)kkv_cache_free_bytes(c), (unsigned long long)free0);
+            CHECK(kkv_seq_free(c, a) == KKV_OK && kkv_cache_free_bytes(c) == f0, "pool back");
+            CHECK(kkv_seq_free(c, a) == KKV_ERR_NOT_FOUND, "double free accepted");
+            CHECK(kkv_seq_free(c, 12345) == KKV_ERR_NOT_FOUND &&
+                      kkv_seq_free(c, -1) == KKV_ERR_NOT_FOUND, "bad ids accepted");
+            kkv_cache_free(c);
 
-    /* reserve: all or nothing, and appends then take nothing more */
-    CHECK(kkv_seq_add(c, &a) == KKV_OK && kkv_seq_add(c, &b) == KKV_OK, "seq_add");
-    uint64_t f1 = kkv_cache_free_bytes(c);
-    CHECK(f1 == 3 * slot + slot / 2, "free bytes %llu with two empty sequences",
-          (unsigned long long)f1);
-    CHECK(kkv_seq_reserve(c, a, S + 4 * G) == KKV_ERR_POOL_FULL, "4 pages reserved in 3");
-    CHECK(kkv_cache_free_bytes(c) == f1, "failed reserve kept %llu bytes",
-          (unsigned long long)(f1 - kkv_cache_free_bytes(c)));
-    kkv_mem mem;
-    kkv_seq_mem(c, &mem, a);
-    CHECK(mem.capacity == stg, "failed reserve grew capacity");
-    CHECK(kkv_seq_reserve(c, a, S + 3 * G) == KKV_OK, "3 pages: %s", kkv_last_error());
-    CHECK(kkv_cache_free_bytes(c) == f1 - 3 * slot, "reserve took %llu bytes",
-          (unsigned long long)(f1 - kkv_cache_free_bytes(c)));
-    CHECK(kkv_seq_reserve(c, a, -1) == KKV_ERR_INVALID_ARG, "negative reserve");
-    CHECK(kkv_seq_reserve(c, b, S + G) == KKV_ERR_POOL_FULL, "b reserved a page a holds");
-    for (int t = 0; t < S + 3 * G; t++)
-        for (int l = 0; l < L; l++) {
-            CHECK(kkv_append(c, a, l, kv[0], kv[1]) == KKV_OK, "append: %s", kkv_last_error());
-            kkv_flush(c, a, l);
+            /* pool full: a budget of what one sequence of S + 3G tokens needs */
+            kkv_seq_add(c = make_cache(&m, L, H, D, 64u << 20, 0, 0), &a);
+            kkv_seq_reserve(c, a, S + 3 * G);
+            kkv_seq_mem(c, &mem, a);
+            uint64_t need = mem.capacity;
+            kkv_cache_free(c);
+            c = make_cache(&m, L, H, D, need + slot / 2, 0, 0);
+            if (!c) return;
+            f0 = kkv_cache_free_bytes(c);
+            kkv_seq_add(c, &a);
+            kkv_seq_add(c, &b);
+            CHECK(kkv_seq_reserve(c, a, S + 3 * G + 200) == KKV_ERR_POOL_FULL, "over-reserve fit");
+            CHECK(*kkv_last_error() && kkv_cache_free_bytes(c) == f0, "failed reserve kept bytes");
+            CHECK(kkv_seq_reserve(c, a, S + 3 * G) == KKV_OK, "reserve: %s", kkv_last_error());
+            CHECK(kkv_seq_reserve(c, b, S + G) == KKV_ERR_POOL_FULL, "b reserved what a holds");
+            /* b grows on demand until the pool says no: nothing changes then */
+            kkv_status st = KKV_OK;
+            int fail_at = -1;
+            float kv[2][H * D];
+            for (int t = 0; t < 10 * G && st == KKV_OK; t++)
+                for (int l = 0; l < L && st == KKV_OK; l++)
+                    for (int op = 0; op < 2 && st == KKV_OK; op++) {
+                        snap sa = take_snap(c, a), sb = take_snap(c, b);
+                        uint64_t fb = kkv_cache_free_bytes(c);
+                        fill_normal(kv[0], H * D, &r, 1.0f);
+                        fill_normal(kv[1], H * D, &r, 1.0f);
+                        st = op ? kkv_flush(c, b, l) : kkv_append(c, b, l, kv[0], kv[1]);
+                        if (st != KKV_OK) {
+                            fail_at = t;
+                            CHECK(st == KKV_ERR_POOL_FULL && *kkv_last_error(), "status %d", (int)st);
+                            snap sa2 = take_snap(c, a), sb2 = take_snap(c, b);
+                            CHECK(snap_eq(&sa, &sa2) && snap_eq(&sb, &sb2) &&
+                                      kkv_cache_free_bytes(c) == fb,
+                                  "POOL_FULL (%s) changed a sequence or the pool", op ? "flush" : "append");
+                            free(sa2.kv), free(sb2.kv);
+                        }
+                        free(sa.kv), free(sb.kv);
+                    }
+            CHECK(fail_at >= 0, "b never met a full pool");
+            CHECK(feed(c, a, S + 3 * G, &r) == KKV_OK, "a's reserved tokens: %s", kkv_last_error());
+            CHECK(kkv_seq_free(c, a) == KKV_OK, "free");
+            CHECK(feed(c, b, 1, &r) == KKV_OK, "retry after free: %s", kkv_last_error());
+            (void)kv;
+            kkv_seq_free(c, b);
+            CHECK(kkv_cache_free_bytes(c) == f0, "free bytes back to start");
+            kkv_cache_free(c);
         }
-    CHECK(kkv_cache_free_bytes(c) == f1 - 3 * slot, "appends after reserve took more");
-    CHECK(kkv_seq_free(c, b) == KKV_OK, "free");
-    CHECK(kkv_seq_free(c, a) == KKV_OK, "free");
-    CHECK(kkv_cache_free_bytes(c) == free0, "free bytes back to start");
-    kkv_cache_free(c);
+    }
 }
 
 /* 50 ragged sequences, interleaved, with frees and re-adds; every read-back

@@ -526,6 +526,49 @@ static void test_bad_args(const int32_t *prompt) {
     free(lg);
 }
 
+/* Fork and save/load through the model: a child forked after the prompt,
+ * and a sequence loaded from the parent's saved state, continue with logits
+ * bit-identical to the parent's (issue 13). */
+static void test_fork_state(const int32_t *prompt) {
+    for (int eager = 0; eager < 2; eager++) {
+        kkv_method me;
+        kkv_method_from_name(&me, "kitty");
+        me.eager_values = eager;
+        kkv_cache_config cfg = kkv_model_cache_config(g_m, &me, 256u << 20);
+        kkv_cache *c = NULL;
+        if (kkv_cache_create(&c, &cfg) != KKV_OK) {
+            CHECK(0, "cache: %s", kkv_last_error());
+            return;
+        }
+        int p, ch, ld;
+        float *lp = malloc(V() * sizeof(float)), *lc = malloc(V() * sizeof(float));
+        float *ll = malloc(V() * sizeof(float));
+        kkv_seq_add(c, &p);
+        CHECK(kkv_model_forward(g_m, c, lp, p, prompt, 300, 0) == KKV_OK, "prefill: %s",
+              kkv_last_error());
+        CHECK(kkv_seq_fork(c, &ch, p) == KKV_OK, "fork: %s", kkv_last_error());
+        size_t n = 0;
+        kkv_state_meta meta = {kkv_model_fingerprint(g_m), prompt, 300};
+        kkv_seq_save(c, NULL, 0, &n, p, &meta);
+        uint8_t *buf = malloc(n);
+        CHECK(kkv_seq_save(c, buf, n, &n, p, &meta) == KKV_OK, "save: %s", kkv_last_error());
+        CHECK(kkv_seq_load(c, &ld, buf, n, kkv_model_fingerprint(g_m), NULL, 0, NULL) == KKV_OK,
+              "load: %s", kkv_last_error());
+        for (int i = 300; i < 340; i++) {
+            kkv_model_forward(g_m, c, lp, p, &prompt[i], 1, 0);
+            kkv_model_forward(g_m, c, lc, ch, &prompt[i], 1, 0);
+            kkv_model_forward(g_m, c, ll, ld, &prompt[i], 1, 0);
+            if (memcmp(lp, lc, V() * sizeof(float)) || memcmp(lp, ll, V() * sizeof(float))) {
+                CHECK(0, "eager %d token %d: fork or loaded sequence's logits differ", eager, i);
+                break;
+            }
+        }
+        CHECK(same_cache(c, p, c, ch) && same_cache(c, p, c, ld), "caches differ after 40 steps");
+        free(buf), free(lp), free(lc), free(ll);
+        kkv_cache_free(c);
+    }
+}
+
 int main(void) {
     test_rope_ops();
     test_load_errors();
@@ -560,6 +603,7 @@ int main(void) {
         test_decode_batch(prompt);
         test_pool_full(prompt);
         test_bad_args(prompt);
+        test_fork_state(prompt);
     }
     free(prompt);
     kkv_model_free(g_m);

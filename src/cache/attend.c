@@ -11,7 +11,9 @@
 #include <string.h>
 
 #include "cache/cache.h"
+#include "core/fp16.h"
 #include "core/status.h"
+#include "quant/quant.h"
 
 #define PAGES_PER_UNIT 8
 
@@ -20,8 +22,12 @@ typedef struct block {
     int             n;
     const uint16_t *k16;   /* [n][D] fp16 keys, or NULL */
     const uint8_t  *kpage; /* quantized key page (n == G), or NULL */
-    const uint16_t *v16;   /* [n][D] fp16 values, or NULL */
-    const uint8_t  *vpage; /* quantized value page (n == G), or NULL */
+    const uint16_t *v16;   /* [n - nq][D] fp16 values, or NULL */
+    const uint8_t  *vpage; /* quantized value page (n == G, nq == 0), or NULL */
+    /* eager values: the block's first nq values are rows vrow0.. of value
+     * page vsplit, the rest are v16 */
+    const uint8_t  *vsplit;
+    int             nq, vrow0;
 } block;
 
 typedef struct unit {
@@ -46,6 +52,29 @@ typedef struct job {
  * (n_rep * G floats); larger shapes take it from the heap per task. */
 #define STACK_SCORES 4096
 
+/* acc [n_rep][D] += p [n_rep][n] x values of a block whose values are partly
+ * quantized (eager values; at most one such block per layer and head): the
+ * scalar reference arithmetic, row by row. */
+static void pv_split(const kkv_cache *c, float *acc, const float *p, int n_rep, const block *b) {
+    int D = c->D;
+    float x[KKV_MAX_HEAD_DIM];
+    for (int t = 0; t < b->n; t++) {
+        if (t < b->nq) {
+            if (c->fp16) {
+                const uint16_t *r = (const uint16_t *)(const void *)b->vsplit + (size_t)(b->vrow0 + t) * D;
+                for (int j = 0; j < D; j++) x[j] = kkv_f16_to_f32(r[j]);
+            } else {
+                kkv_value_row_decode_ref(x, b->vsplit, b->vrow0 + t, D, c->G, c->vbits);
+            }
+        } else {
+            const uint16_t *r = b->v16 + (size_t)(t - b->nq) * D;
+            for (int j = 0; j < D; j++) x[j] = kkv_f16_to_f32(r[j]);
+        }
+        for (int r = 0; r < n_rep; r++)
+            for (int j = 0; j < D; j++) acc[(size_t)r * D + j] += p[(size_t)r * b->n + t] * x[j];
+    }
+}
+
 /* Online-softmax update of one block into the partial state of n_rep query
  * heads: acc [n_rep][D], ml [n_rep][2] (running max, running sum).
  * sc: [n_rep][G] scratch. */
@@ -57,15 +86,38 @@ static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, c
     else ops->qk_f16(sc, q, n_rep, b->k16, n, D);
     ops->softmax(sc, ml, acc, n_rep, n, D, 1.0f / sqrtf((float)D));
     /* sc now holds the unnormalised probabilities, [n_rep][n] */
-    if (b->vpage) ops->pv_page(acc, sc, n_rep, b->vpage, D, c->G, c->vbits);
+    if (b->vsplit) pv_split(c, acc, sc, n_rep, b);
+    else if (b->vpage) ops->pv_page(acc, sc, n_rep, b->vpage, D, c->G, c->vbits);
     else ops->pv_f16(acc, sc, n_rep, b->v16, n, D);
 }
 
 /* fp16 values of token `tok` (after the sink) that are not yet in a page. */
-static const uint16_t *vtail_row(const kkv_cache *c, const uint16_t *st, const kkv_counts *n,
+static const uint16_t *vtail_row(const kkv_cache *c, const uint16_t *vt, const kkv_counts *n,
                                  int tok) {
-    int i = tok - n->sink - n->vp * c->G;
-    return st + kkv_off_vtail(c) + (size_t)i * c->D;
+    int i = tok - n->sink - n->vq;
+    return vt + (size_t)i * c->D;
+}
+
+/* Values of the block of n tokens from token t0 after the sink, whose keys
+ * are its key source: a whole value page, fp16 rows, or a split. */
+static void block_values(const kkv_cache *c, block *b, const kkv_seq *s, int l, int h,
+                         const kkv_counts *n, int t0) {
+    b->vpage = b->vsplit = NULL;
+    b->v16 = NULL;
+    b->nq = b->vrow0 = 0;
+    const uint16_t *vt = kkv_vtail(c, s, l, h);
+    if (t0 >= n->vq) {
+        b->v16 = vtail_row(c, vt, n, n->sink + t0);
+    } else if (t0 + b->n <= n->vq && b->n == c->G) {
+        const uint8_t *vp = kkv_vpage_ptr(c, s, t0 / c->G, l, h);
+        if (c->fp16) b->v16 = (const uint16_t *)(const void *)vp;
+        else b->vpage = vp;
+    } else {
+        b->vsplit = kkv_vpage_ptr(c, s, t0 / c->G, l, h);
+        b->vrow0 = t0 % c->G;
+        b->nq = n->vq - t0 < b->n ? n->vq - t0 : b->n;
+        b->v16 = b->nq < b->n ? vt : NULL;
+    }
 }
 
 /* Pulls the next page into the cache while this one is computed: pages of
@@ -81,7 +133,6 @@ static void run_task(void *arg, int task) {
     int h = task / J->n_units, u = task % J->n_units, D = c->D, G = c->G;
     const unit *U = &J->units[u];
     const kkv_counts *n = &J->cnt;
-    const uint16_t *st = kkv_stage(c, J->s, J->layer, h);
     const float *q = J->q + (size_t)h * J->n_rep * D;
     size_t tu = (size_t)h * J->n_units + u;
     float *acc = J->acc + tu * J->n_rep * D;
@@ -102,9 +153,10 @@ static void run_task(void *arg, int task) {
     if (U->kind == 0) { /* sink, in runs of at most G */
         for (int t = U->first; t < U->first + U->count; t += G) {
             b.n = U->first + U->count - t < G ? U->first + U->count - t : G;
-            b.k16 = st + kkv_off_sink_k(c) + (size_t)t * D;
-            b.v16 = st + kkv_off_sink_v(c) + (size_t)t * D;
-            b.kpage = b.vpage = NULL;
+            b.k16 = kkv_sink_k(c, J->s, J->layer, h) + (size_t)t * D;
+            b.v16 = kkv_sink_v(c, J->s, J->layer, h) + (size_t)t * D;
+            b.kpage = b.vpage = b.vsplit = NULL;
+            b.nq = 0;
             attend_block(c, acc, ml, sc, q, J->n_rep, &b);
         }
     } else if (U->kind == 1) {
@@ -117,23 +169,14 @@ static void run_task(void *arg, int task) {
             b.n = G;
             b.k16 = c->fp16 ? (const uint16_t *)(const void *)kp : NULL;
             b.kpage = c->fp16 ? NULL : kp;
-            b.v16 = NULL;
-            b.vpage = NULL;
-            if (p < n->vp) {
-                const uint8_t *vp = kkv_vpage_ptr(c, J->s, p, J->layer, h);
-                if (c->fp16) b.v16 = (const uint16_t *)(const void *)vp;
-                else b.vpage = vp;
-            } else {
-                b.v16 = vtail_row(c, st, n, n->sink + p * G);
-            }
+            block_values(c, &b, J->s, J->layer, h, n, p * G);
             attend_block(c, acc, ml, sc, q, J->n_rep, &b);
         }
     } else { /* key Q-buffer; its values are in the value tail */
         b.n = U->count;
-        b.k16 = st + kkv_off_ktail(c);
+        b.k16 = kkv_ktail(c, J->s, J->layer, h);
         b.kpage = NULL;
-        b.v16 = vtail_row(c, st, n, n->sink + n->kp * G);
-        b.vpage = NULL;
+        block_values(c, &b, J->s, J->layer, h, n, n->kp * G);
         attend_block(c, acc, ml, sc, q, J->n_rep, &b);
     }
     if (sc != stack_sc) free(sc);

@@ -49,19 +49,19 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
         c->kpage = kkv_key_page_bytes(c->D, c->G, c->nb);
         c->vpage = kkv_value_page_bytes(c->D, c->G, c->vbits);
     }
-    c->slot_bytes = (size_t)c->L * c->H * (c->kpage + c->vpage);
-    c->staging_tokens = (size_t)2 * c->S + c->G + c->R + c->G;
-    c->staging_bytes = (size_t)c->L * c->H * c->staging_tokens * c->D * 2;
+    c->eager = !c->fp16 && m->eager_values;
+    c->slot_bytes = (size_t)c->H * (c->kpage + c->vpage);
+    c->max_k = c->G;
+    c->max_v = c->eager ? c->R : c->R + c->G;
     c->budget = cfg->pool_bytes;
     uint64_t max_slots = c->budget / c->slot_bytes;
     c->max_slots = max_slots > (1u << 30) ? (1 << 30) : (int)max_slots;
     size_t n_chunks = ((size_t)c->max_slots + KKV_SLOTS_PER_CHUNK - 1) / KKV_SLOTS_PER_CHUNK;
     c->chunks = calloc(n_chunks ? n_chunks : 1, sizeof *c->chunks);
-    c->free_slots = malloc(((size_t)c->max_slots + 1) * sizeof *c->free_slots);
     c->seqs = calloc((size_t)c->cfg.max_seqs, sizeof *c->seqs);
     c->tile = malloc((size_t)c->G * c->D * sizeof *c->tile);
     kkv_status s = KKV_OK;
-    if (!c->chunks || !c->free_slots || !c->seqs || !c->tile)
+    if (!c->chunks || !c->seqs || !c->tile)
         s = kkv_fail(KKV_ERR_NOMEM, "cache: out of memory");
     if (s == KKV_OK) s = kkv_tp_create(&c->tp_own, cfg->n_threads);
     c->tp = c->tp_own;
@@ -75,13 +75,15 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
 }
 
 static void seq_release(kkv_cache *c, kkv_seq *s) {
-    for (int p = 0; p < s->n_slots; p++) kkv_pool_give(c, s->slots[p]);
-    if (s->live) c->used -= c->staging_bytes;
-    free(s->len);
-    free(s->n_kpages);
-    free(s->n_vpages);
-    free(s->slots);
-    free(s->staging);
+    if (s->ly)
+        for (int l = 0; l < c->L; l++) {
+            kkv_lseq *y = &s->ly[l];
+            for (int p = 0; p < y->n_slots; p++) kkv_pool_give(c, y->slots[p]);
+            free(y->slots);
+            free(y->stage);
+        }
+    if (s->live) c->used -= s->credit;
+    free(s->ly);
     memset(s, 0, sizeof *s);
 }
 
@@ -97,6 +99,7 @@ void kkv_cache_free(kkv_cache *c) {
     kkv_tp_free(c->tp_own);
     free(c->chunks);
     free(c->free_slots);
+    free(c->ref);
     free(c->seqs);
     free(c->rank);
     free(c->tile);
@@ -117,6 +120,12 @@ kkv_seq *kkv_seq_get(const kkv_cache *c, int seq) {
     return &c->seqs[seq];
 }
 
+int kkv_seq_new_id(const kkv_cache *c) {
+    for (int i = 0; i < c->cfg.max_seqs; i++)
+        if (!c->seqs[i].live) return i;
+    return -1;
+}
+
 kkv_status kkv_seq_mark_failed(kkv_cache *c, int seq) {
     if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "mark_failed: NULL cache");
     kkv_seq *s = kkv_seq_get(c, seq);
@@ -132,31 +141,18 @@ kkv_status kkv_seq_check_usable(const kkv_seq *s, int seq, const char *what) {
     return KKV_OK;
 }
 
+/* An empty sequence holds nothing from the pool: staging and pages come as
+ * tokens arrive (or with kkv_seq_reserve). */
 kkv_status kkv_seq_add(kkv_cache *c, int *seq) {
     if (!c || !seq) return kkv_fail(KKV_ERR_INVALID_ARG, "seq_add: NULL argument");
-    int id = -1;
-    for (int i = 0; i < c->cfg.max_seqs && id < 0; i++)
-        if (!c->seqs[i].live) id = i;
+    int id = kkv_seq_new_id(c);
     if (id < 0)
         return kkv_fail(KKV_ERR_POOL_FULL, "seq_add: all %d sequence slots in use",
                         c->cfg.max_seqs);
-    if (c->used + c->staging_bytes > c->budget)
-        return kkv_fail(KKV_ERR_POOL_FULL,
-                        "seq_add: pool full: %llu of %llu bytes in use, a sequence's fp16 "
-                        "staging needs %zu",
-                        (unsigned long long)c->used, (unsigned long long)c->budget,
-                        c->staging_bytes);
     kkv_seq *s = &c->seqs[id];
-    s->len = calloc((size_t)c->L, sizeof *s->len);
-    s->n_kpages = calloc((size_t)c->L, sizeof *s->n_kpages);
-    s->n_vpages = calloc((size_t)c->L, sizeof *s->n_vpages);
-    s->staging = malloc(c->staging_bytes);
-    if (!s->len || !s->n_kpages || !s->n_vpages || !s->staging) {
-        seq_release(c, s);
-        return kkv_fail(KKV_ERR_NOMEM, "seq_add: out of memory");
-    }
+    s->ly = calloc((size_t)c->L, sizeof *s->ly);
+    if (!s->ly) return kkv_fail(KKV_ERR_NOMEM, "seq_add: out of memory");
     s->live = 1;
-    c->used += c->staging_bytes;
     *seq = id;
     return KKV_OK;
 }
@@ -169,39 +165,368 @@ kkv_status kkv_seq_free(kkv_cache *c, int seq) {
     return KKV_OK;
 }
 
+kkv_status kkv_seq_fork(kkv_cache *c, int *child, int parent) {
+    if (!c || !child) return kkv_fail(KKV_ERR_INVALID_ARG, "seq_fork: NULL argument");
+    kkv_seq *p = kkv_seq_get(c, parent);
+    if (!p) return kkv_fail(KKV_ERR_NOT_FOUND, "seq_fork: no sequence %d", parent);
+    KKV_TRY(kkv_seq_check_usable(p, parent, "seq_fork"));
+    int id = kkv_seq_new_id(c);
+    if (id < 0)
+        return kkv_fail(KKV_ERR_POOL_FULL, "seq_fork: all %d sequence slots in use",
+                        c->cfg.max_seqs);
+    /* pages still being written (key written, values not all) are copied */
+    int n_copy = 0;
+    for (int l = 0; l < c->L; l++) {
+        kkv_counts n = kkv_counts_of(c, p, l);
+        int full = n.kp < n.vp ? n.kp : n.vp;
+        n_copy += p->ly[l].n_slots - full;
+    }
+    uint64_t need = p->stage_bytes + (uint64_t)n_copy * c->slot_bytes;
+    if (need > c->budget - c->used)
+        return kkv_fail(KKV_ERR_POOL_FULL,
+                        "seq_fork: pool full: %llu of %llu bytes in use, the fork needs %llu",
+                        (unsigned long long)c->used, (unsigned long long)c->budget,
+                        (unsigned long long)need);
+    kkv_seq *s = &c->seqs[id];
+    kkv_seq tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.ly = calloc((size_t)c->L, sizeof *tmp.ly);
+    kkv_status st = tmp.ly ? KKV_OK : kkv_fail(KKV_ERR_NOMEM, "seq_fork: out of memory");
+    int l_done = 0; /* layers whose copied slots are taken */
+    for (int l = 0; l < c->L && st == KKV_OK; l++) {
+        const kkv_lseq *y = &p->ly[l];
+        kkv_lseq *x = &tmp.ly[l];
+        kkv_counts n = kkv_counts_of(c, p, l);
+        int full = n.kp < n.vp ? n.kp : n.vp;
+        *x = *y;
+        x->slots = NULL, x->stage = NULL, x->n_slots = 0, x->cap_slots = 0;
+        size_t sb = (size_t)kkv_stage_bytes(c, y->cs, y->ck, y->cv);
+        if (sb) {
+            x->stage = malloc(sb);
+            if (!x->stage) {
+                st = kkv_fail(KKV_ERR_NOMEM, "seq_fork: out of memory");
+                break;
+            }
+            memcpy(x->stage, y->stage, sb);
+        }
+        if (y->n_slots) {
+            x->slots = malloc((size_t)y->n_slots * sizeof *x->slots);
+            if (!x->slots) {
+                st = kkv_fail(KKV_ERR_NOMEM, "seq_fork: out of memory");
+                break;
+            }
+            x->cap_slots = y->n_slots;
+        }
+        for (int q = full; q < y->n_slots && st == KKV_OK; q++) {
+            st = kkv_pool_take(c, &x->slots[q]);
+            if (st == KKV_OK) {
+                memcpy(kkv_slot_ptr(c, x->slots[q]), kkv_slot_ptr(c, y->slots[q]), c->slot_bytes);
+                x->n_slots = q + 1; /* for the undo below: slots [full, q] are ours */
+            }
+        }
+        l_done = l + 1;
+    }
+    if (st != KKV_OK) {
+        for (int l = 0; tmp.ly && l < c->L; l++) {
+            kkv_lseq *x = &tmp.ly[l];
+            if (l < l_done || x->n_slots) {
+                kkv_counts n = kkv_counts_of(c, p, l);
+                int full = n.kp < n.vp ? n.kp : n.vp;
+                for (int q = full; q < x->n_slots; q++) kkv_pool_untake(c, x->slots[q]);
+            }
+            free(x->slots);
+            free(x->stage);
+        }
+        free(tmp.ly);
+        return st;
+    }
+    /* nothing can fail now: share the written pages */
+    for (int l = 0; l < c->L; l++) {
+        const kkv_lseq *y = &p->ly[l];
+        kkv_lseq *x = &tmp.ly[l];
+        kkv_counts n = kkv_counts_of(c, p, l);
+        int full = n.kp < n.vp ? n.kp : n.vp;
+        for (int q = 0; q < full; q++) {
+            x->slots[q] = y->slots[q];
+            c->ref[y->slots[q]]++;
+        }
+        x->n_slots = y->n_slots;
+    }
+    tmp.live = 1;
+    tmp.stage_bytes = p->stage_bytes;
+    tmp.credit = p->stage_bytes;
+    c->used += need;
+    *s = tmp;
+    *child = id;
+    return KKV_OK;
+}
+
 int kkv_seq_len(const kkv_cache *c, int seq, int layer) {
     const kkv_seq *s = kkv_seq_get(c, seq);
     if (!s || layer < 0 || layer >= c->L) return -1;
-    return s->len[layer];
+    return s->ly[layer].len;
 }
 
-/* Pages a layer holding `len` tokens has needed so far: page p is allocated
- * when its key Q-buffer fills, i.e. once len - S >= (p + 1) * G. */
-static int pages_for(const kkv_cache *c, int64_t len) {
-    return len > c->S ? (int)((len - c->S) / c->G) : 0;
+/* ---------------------------------------------------------------- the lifecycle as counts */
+
+/* (len, kp, vq) of one layer: the whole state the lifecycle acts on. */
+typedef struct lstate {
+    int len, kp, vq;
+} lstate;
+
+static lstate lstate_of(const kkv_lseq *y) {
+    lstate a = {y->len, y->kp, y->vq};
+    return a;
 }
 
-/* Grows the page table of s to `want` pages, all or nothing. */
-static kkv_status ensure_slots(kkv_cache *c, kkv_seq *s, int want) {
-    if (want <= s->n_slots) return KKV_OK;
-    if (want > s->cap_slots) {
-        int cap = s->cap_slots ? s->cap_slots : 16;
-        while (cap < want) cap *= 2;
-        int *ns = realloc(s->slots, (size_t)cap * sizeof *ns);
-        if (!ns) return kkv_fail(KKV_ERR_NOMEM, "page table: out of memory");
-        s->slots = ns;
-        s->cap_slots = cap;
+static kkv_counts counts_st(const kkv_cache *c, lstate a) {
+    return kkv_counts_make(c, a.len, a.kp, a.vq);
+}
+
+/* What kkv_flush() does: a full key Q-buffer becomes key page kp; without
+ * eager values, a full value Q-buffer (window + G) becomes value page vq / G. */
+static lstate st_flush(const kkv_cache *c, lstate a) {
+    kkv_counts n = counts_st(c, a);
+    if (n.ktail == c->G) a.kp++;
+    if (!c->eager && n.vtail == c->R + c->G) a.vq += c->G;
+    return a;
+}
+
+/* What kkv_append() does: a leftover flush, the token, and with eager values
+ * the oldest value of a full window goes into its page. */
+static lstate st_append(const kkv_cache *c, lstate a) {
+    a = st_flush(c, a);
+    a.len++;
+    if (c->eager && counts_st(c, a).vtail > c->R) a.vq++;
+    return a;
+}
+
+typedef struct caps {
+    int cs, ck, cv;
+} caps;
+
+static caps caps_of(const kkv_cache *c, lstate a) {
+    kkv_counts n = counts_st(c, a);
+    caps k = {kkv_stage_cap(n.sink, c->S), kkv_stage_cap(n.ktail, c->max_k),
+              kkv_stage_cap(n.vtail, c->max_v)};
+    return k;
+}
+
+static uint64_t caps_bytes(const kkv_cache *c, caps k) {
+    return kkv_stage_bytes(c, k.cs, k.ck, k.cv);
+}
+
+static int slots_st(const kkv_cache *c, lstate a) {
+    kkv_counts n = counts_st(c, a);
+    return kkv_slots_for(c, &n);
+}
+
+/* ---------------------------------------------------------------- pool credit */
+
+kkv_status kkv_seq_charge(const kkv_cache *c, const kkv_seq *s, uint64_t new_stage, int n_pages,
+                          uint64_t *from_pool) {
+    uint64_t surplus = s->credit - s->stage_bytes;
+    uint64_t add = (new_stage > s->stage_bytes ? new_stage - s->stage_bytes : 0) +
+                   (uint64_t)n_pages * c->slot_bytes;
+    uint64_t freed = new_stage < s->stage_bytes ? s->stage_bytes - new_stage : 0;
+    uint64_t have = surplus + freed;
+    uint64_t fp = add > have ? add - have : 0;
+    if (fp > c->budget - c->used)
+        return kkv_fail(KKV_ERR_POOL_FULL,
+                        "pool full: %llu of %llu bytes in use, the sequence needs %llu more",
+                        (unsigned long long)c->used, (unsigned long long)c->budget,
+                        (unsigned long long)fp);
+    *from_pool = fp;
+    return KKV_OK;
+}
+
+void kkv_seq_commit(kkv_cache *c, kkv_seq *s, uint64_t new_stage, int n_pages,
+                    uint64_t from_pool) {
+    c->used += from_pool;
+    s->credit = s->credit + from_pool - (uint64_t)n_pages * c->slot_bytes;
+    s->stage_bytes = new_stage;
+}
+
+/* ---------------------------------------------------------------- staging buffers */
+
+/* Resizes layer y's staging to capacities k, keeping the tokens that counts n
+ * says are there. Growing allocates a new buffer (KKV_ERR_NOMEM leaves y as it
+ * was); shrinking moves the regions down in place and cannot fail. */
+static kkv_status stage_resize(const kkv_cache *c, kkv_lseq *y, const kkv_counts *n, caps k) {
+    if (k.cs == y->cs && k.ck == y->ck && k.cv == y->cv) return KKV_OK;
+    size_t D = (size_t)c->D, nt = (size_t)(2 * k.cs + k.ck + k.cv);
+    size_t ot = (size_t)(2 * y->cs + y->ck + y->cv);
+    int grow = k.cs > y->cs || k.ck > y->ck || k.cv > y->cv;
+    uint16_t *dst = y->stage;
+    if (grow) {
+        dst = malloc((size_t)c->H * nt * D * 2);
+        if (!dst) return kkv_fail(KKV_ERR_NOMEM, "staging: out of memory");
     }
-    int have = s->n_slots;
+    /* regions in address order: sink K, sink V, key tail, value tail */
+    size_t so[4] = {0, (size_t)y->cs, (size_t)2 * y->cs, (size_t)(2 * y->cs + y->ck)};
+    size_t doff[4] = {0, (size_t)k.cs, (size_t)2 * k.cs, (size_t)(2 * k.cs + k.ck)};
+    size_t rows[4] = {(size_t)n->sink, (size_t)n->sink, (size_t)n->ktail, (size_t)n->vtail};
+    for (int h = 0; h < c->H; h++)
+        for (int r = 0; r < 4; r++)
+            if (rows[r])
+                memmove(dst + ((size_t)h * nt + doff[r]) * D,
+                        y->stage + ((size_t)h * ot + so[r]) * D, rows[r] * D * 2);
+    if (grow) {
+        free(y->stage);
+    } else if (nt == 0) {
+        free(dst);
+        dst = NULL;
+    } /* else the block keeps its size: only the failure path shrinks in place */
+    y->stage = dst;
+    y->cs = k.cs, y->ck = k.ck, y->cv = k.cv;
+    return KKV_OK;
+}
+
+/* Grows the page table of y to `want` slots with fresh pages; all or nothing
+ * (the bytes are accounted by the caller). */
+static kkv_status take_slots(kkv_cache *c, kkv_lseq *y, int want) {
+    if (want <= y->n_slots) return KKV_OK;
+    if (want > y->cap_slots) {
+        int cap = y->cap_slots ? y->cap_slots : 16;
+        while (cap < want) cap *= 2;
+        int *ns = realloc(y->slots, (size_t)cap * sizeof *ns);
+        if (!ns) return kkv_fail(KKV_ERR_NOMEM, "page table: out of memory");
+        y->slots = ns;
+        y->cap_slots = cap;
+    }
+    int have = y->n_slots;
     for (int p = have; p < want; p++) {
-        kkv_status st = kkv_pool_take(c, &s->slots[p]);
+        kkv_status st = kkv_pool_take(c, &y->slots[p]);
         if (st != KKV_OK) {
-            for (int q = have; q < p; q++) kkv_pool_give(c, s->slots[q]);
+            for (int q = have; q < p; q++) kkv_pool_untake(c, y->slots[q]);
             return st;
         }
     }
-    s->n_slots = want;
+    y->n_slots = want;
     return KKV_OK;
+}
+
+/* Moves layer l of s from its state to `to` as far as the pool is concerned:
+ * staging capacity for `to` (keeping the current tokens; `final` also drops
+ * what `to` no longer needs) and the slots `to` holds. All or nothing. */
+static kkv_status prepare(kkv_cache *c, kkv_seq *s, int l, lstate to) {
+    kkv_lseq *y = &s->ly[l];
+    caps cur = {y->cs, y->ck, y->cv}, want = caps_of(c, to);
+    uint64_t layer_now = caps_bytes(c, cur);
+    uint64_t new_stage = s->stage_bytes - layer_now + caps_bytes(c, want);
+    int n_pages = slots_st(c, to) - y->n_slots;
+    if (n_pages < 0) n_pages = 0;
+    uint64_t fp = 0;
+    KKV_TRY(kkv_seq_charge(c, s, new_stage, n_pages, &fp));
+    /* the buffer holds the current tokens until the change is done */
+    caps both = {cur.cs > want.cs ? cur.cs : want.cs, cur.ck > want.ck ? cur.ck : want.ck,
+                 cur.cv > want.cv ? cur.cv : want.cv};
+    kkv_counts n = kkv_counts_of(c, s, l);
+    KKV_TRY(stage_resize(c, y, &n, both));
+    kkv_status st = take_slots(c, y, y->n_slots + n_pages);
+    if (st != KKV_OK) {
+        (void)stage_resize(c, y, &n, cur); /* shrinking back cannot fail */
+        return st;
+    }
+    kkv_seq_commit(c, s, new_stage, n_pages, fp);
+    return KKV_OK;
+}
+
+/* The buffer a change of layer l to state `to` ends in, allocated before
+ * anything changes (so that its failure leaves the cache as it was): NULL when
+ * no region ends smaller than it is during the change, or when it ends empty. */
+static kkv_status pre_settle(const kkv_cache *c, const kkv_seq *s, int l, lstate to,
+                             uint16_t **pre) {
+    const kkv_lseq *y = &s->ly[l];
+    caps w = caps_of(c, to);
+    *pre = NULL;
+    if (w.cs >= y->cs && w.ck >= y->ck && w.cv >= y->cv) return KKV_OK;
+    size_t nt = (size_t)(2 * w.cs + w.ck + w.cv);
+    if (nt == 0) return KKV_OK;
+    *pre = malloc((size_t)c->H * nt * c->D * 2);
+    return *pre ? KKV_OK : kkv_fail(KKV_ERR_NOMEM, "staging: out of memory");
+}
+
+/* After the change: the staging moves into `pre` (from pre_settle()), sized
+ * to what the state needs, and the larger block is freed. */
+static void settle(kkv_cache *c, kkv_seq *s, int l, uint16_t *pre) {
+    kkv_lseq *y = &s->ly[l];
+    kkv_counts n = kkv_counts_of(c, s, l);
+    caps k = caps_of(c, lstate_of(y));
+    if (k.cs == y->cs && k.ck == y->ck && k.cv == y->cv) {
+        free(pre);
+        return;
+    }
+    size_t D = (size_t)c->D, nt = (size_t)(2 * k.cs + k.ck + k.cv);
+    size_t ot = (size_t)(2 * y->cs + y->ck + y->cv);
+    if (pre) {
+        size_t so[4] = {0, (size_t)y->cs, (size_t)2 * y->cs, (size_t)(2 * y->cs + y->ck)};
+        size_t doff[4] = {0, (size_t)k.cs, (size_t)2 * k.cs, (size_t)(2 * k.cs + k.ck)};
+        size_t rows[4] = {(size_t)n.sink, (size_t)n.sink, (size_t)n.ktail, (size_t)n.vtail};
+        for (int h = 0; h < c->H; h++)
+            for (int r = 0; r < 4; r++)
+                if (rows[r])
+                    memcpy(pre + ((size_t)h * nt + doff[r]) * D,
+                           y->stage + ((size_t)h * ot + so[r]) * D, rows[r] * D * 2);
+        free(y->stage);
+        y->stage = pre;
+        y->cs = k.cs, y->ck = k.ck, y->cv = k.cv;
+    } else if (nt == 0) {
+        free(y->stage);
+        y->stage = NULL;
+        y->cs = y->ck = y->cv = 0;
+    } else {
+        (void)stage_resize(c, y, &n, k); /* grows never; in place */
+    }
+}
+
+/* The state append -> flush leaves at len tokens (len >= 1): the lifecycle
+ * is a function of the length once a step has been flushed. */
+static lstate st_canonical(const kkv_cache *c, int64_t len) {
+    lstate a = {(int)len, 0, 0};
+    int64_t post = len > c->S ? len - c->S : 0;
+    a.kp = (int)(post / c->G);
+    int64_t out = post > c->R ? post - c->R : 0; /* values out of the window */
+    a.vq = (int)(c->eager ? out : out / c->G * c->G);
+    return a;
+}
+
+/* Bytes of state a in the peak of layer_peak(): staging + slots beyond base. */
+static uint64_t st_bytes(const kkv_cache *c, lstate a, int base) {
+    int ns = slots_st(c, a) - base;
+    return caps_bytes(c, caps_of(c, a)) + (uint64_t)(ns > 0 ? ns : 0) * c->slot_bytes;
+}
+
+/* Peak pool bytes (staging + pages taken from now on) of layer y over n more
+ * tokens of append -> flush, counting from its current state. Past the first
+ * S + R + 3G steps the staging repeats with period G while slots only grow, so
+ * the rest of the peak is within the last G + 1 steps: O(S + R + G) per call. */
+static uint64_t layer_peak(const kkv_cache *c, const kkv_lseq *y, int64_t n) {
+    lstate a = lstate_of(y);
+    int base = y->n_slots;
+    uint64_t peak = caps_bytes(c, caps_of(c, a));
+    int64_t warm = (int64_t)c->S + c->R + 3 * (int64_t)c->G;
+    int64_t first = n < warm ? n : warm;
+    for (int64_t i = 0; i < first; i++) {
+        for (int step = 0; step < 2; step++) {
+            a = step ? st_flush(c, a) : st_append(c, a);
+            uint64_t b = st_bytes(c, a, base);
+            peak = b > peak ? b : peak;
+        }
+    }
+    if (n > first) {
+        int64_t end = (int64_t)y->len + n, from = end - c->G - 1;
+        from = from > (int64_t)y->len + first ? from : (int64_t)y->len + first;
+        for (int64_t len = from; len < end; len++) {
+            lstate b = st_canonical(c, len);
+            b = st_append(c, b);
+            uint64_t x = st_bytes(c, b, base);
+            peak = x > peak ? x : peak;
+            x = st_bytes(c, st_flush(c, b), base);
+            peak = x > peak ? x : peak;
+        }
+    }
+    return peak;
 }
 
 kkv_status kkv_seq_reserve(kkv_cache *c, int seq, int n_tokens) {
@@ -211,14 +536,34 @@ kkv_status kkv_seq_reserve(kkv_cache *c, int seq, int n_tokens) {
     KKV_TRY(kkv_seq_check_usable(s, seq, "reserve"));
     if (n_tokens < 0) return kkv_fail(KKV_ERR_INVALID_ARG, "reserve: n_tokens %d < 0", n_tokens);
     int64_t longest = 0;
-    for (int l = 0; l < c->L; l++) longest = s->len[l] > longest ? s->len[l] : longest;
+    for (int l = 0; l < c->L; l++) longest = s->ly[l].len > longest ? s->ly[l].len : longest;
     if (c->cfg.max_tokens && longest + n_tokens > c->cfg.max_tokens)
         return kkv_fail(KKV_ERR_CTX_FULL, "sequence %d: %lld + %d tokens exceed max_tokens %d",
                         seq, (long long)longest, n_tokens, c->cfg.max_tokens);
     if (longest + n_tokens > INT_MAX)
         return kkv_fail(KKV_ERR_CTX_FULL, "sequence %d: %lld + %d tokens exceed %d", seq,
                         (long long)longest, n_tokens, INT_MAX);
-    return ensure_slots(c, s, pages_for(c, longest + n_tokens));
+    /* Layers are independent: the credit must cover the sum of their peaks,
+     * which is also the peak when they move in step (the engine's case). */
+    uint64_t need = 0, prev = 0;
+    for (int l = 0; l < c->L; l++) {
+        const kkv_lseq *y = &s->ly[l], *x = l ? &s->ly[l - 1] : NULL;
+        int same = x && x->len == y->len && x->kp == y->kp && x->vq == y->vq &&
+                   x->n_slots == y->n_slots;
+        prev = same ? prev : layer_peak(c, y, n_tokens);
+        need += prev;
+    }
+    if (need <= s->credit) return KKV_OK;
+    uint64_t fp = need - s->credit;
+    if (fp > c->budget - c->used)
+        return kkv_fail(KKV_ERR_POOL_FULL,
+                        "pool full: %llu of %llu bytes in use, %d more tokens of sequence %d "
+                        "need %llu more",
+                        (unsigned long long)c->used, (unsigned long long)c->budget, n_tokens,
+                        seq, (unsigned long long)fp);
+    c->used += fp;
+    s->credit = need;
+    return KKV_OK;
 }
 
 static kkv_status check_finite(const float *x, size_t n, const char *what) {
@@ -232,37 +577,38 @@ static void store_f16(uint16_t *dst, const float *x, int n) {
     for (int i = 0; i < n; i++) dst[i] = kkv_f16_store(x[i]);
 }
 
-/* Quantizes whatever Q-buffer of (s, l) is full. Pages already exist. */
-static void flush_layer(kkv_cache *c, kkv_seq *s, int l) {
+/* Quantizes whatever Q-buffer of (s, l) is full. Slots and staging are ready. */
+static void flush_data(kkv_cache *c, kkv_seq *s, int l) {
+    kkv_lseq *y = &s->ly[l];
     kkv_counts n = kkv_counts_of(c, s, l);
     size_t D = (size_t)c->D;
     if (n.ktail == c->G) {
         int p = n.kp;
         for (int h = 0; h < c->H; h++) {
-            uint16_t *st = kkv_stage(c, s, l, h);
+            uint16_t *kt = kkv_ktail(c, s, l, h);
             uint8_t *dst = kkv_kpage_ptr(c, s, p, l, h);
             if (c->fp16) {
-                memcpy(dst, st + kkv_off_ktail(c), (size_t)c->G * D * 2);
+                memcpy(dst, kt, (size_t)c->G * D * 2);
             } else {
                 const uint8_t *rank = c->rank ? c->rank + ((size_t)l * c->H + h) * D : NULL;
                 uint64_t seed = kkv_mix64(c->cfg.method.seed, ((uint64_t)l << 20) | (uint64_t)h);
-                c->ops->key_encode(dst, c->tile, st + kkv_off_ktail(c), c->D, c->G, c->nb,
-                                   c->cfg.method.select, seed, (uint64_t)p, rank);
+                c->ops->key_encode(dst, c->tile, kt, c->D, c->G, c->nb, c->cfg.method.select,
+                                   seed, (uint64_t)p, rank);
             }
         }
-        s->n_kpages[l]++;
+        y->kp++;
     }
-    if (n.vtail == c->R + c->G) {
+    if (!c->eager && n.vtail == c->R + c->G) {
         int p = n.vp;
         for (int h = 0; h < c->H; h++) {
-            uint16_t *vt = kkv_stage(c, s, l, h) + kkv_off_vtail(c);
+            uint16_t *vt = kkv_vtail(c, s, l, h);
             uint8_t *dst = kkv_vpage_ptr(c, s, p, l, h);
             if (c->fp16) memcpy(dst, vt, (size_t)c->G * D * 2);
             else c->ops->value_encode(dst, c->tile, vt, c->D, c->G, c->vbits);
             /* the window's R values move to the front of the tail */
             memmove(vt, vt + (size_t)c->G * D, (size_t)c->R * D * 2);
         }
-        s->n_vpages[l]++;
+        y->vq += c->G;
     }
 }
 
@@ -273,8 +619,36 @@ kkv_status kkv_flush(kkv_cache *c, int seq, int layer) {
     KKV_TRY(kkv_seq_check_usable(s, seq, "flush"));
     if (layer < 0 || layer >= c->L)
         return kkv_fail(KKV_ERR_INVALID_ARG, "flush: layer %d not in 0..%d", layer, c->L - 1);
-    flush_layer(c, s, layer);
+    lstate cur = lstate_of(&s->ly[layer]), to = st_flush(c, cur);
+    if (to.kp == cur.kp && to.vq == cur.vq) return KKV_OK;
+    uint16_t *pre;
+    KKV_TRY(pre_settle(c, s, layer, to, &pre));
+    kkv_status st = prepare(c, s, layer, to);
+    if (st != KKV_OK) {
+        free(pre);
+        return st;
+    }
+    flush_data(c, s, layer);
+    settle(c, s, layer, pre);
     return KKV_OK;
+}
+
+/* Eager values: the oldest value of the full window of (l, h) goes into row
+ * vq % G of value page vq / G, and the window moves down one row; the new
+ * value v16 [D] fp16 takes the last row (with R = 0 it is itself quantized). */
+static void eager_push(kkv_cache *c, kkv_seq *s, int l, int h, const uint16_t *v16) {
+    kkv_lseq *y = &s->ly[l];
+    size_t D = (size_t)c->D;
+    uint16_t *vt = kkv_vtail(c, s, l, h);
+    const uint16_t *old = c->R ? vt : v16;
+    for (size_t j = 0; j < D; j++) c->tile[j] = kkv_f16_to_f32(old[j]);
+    uint8_t *page = kkv_vpage_ptr(c, s, y->vq / c->G, l, h);
+    if (c->fp16) memcpy(page + (size_t)(y->vq % c->G) * D * 2, old, D * 2);
+    else kkv_value_row_encode_ref(page, y->vq % c->G, c->tile, c->D, c->G, c->vbits);
+    if (c->R) {
+        memmove(vt, vt + D, (size_t)(c->R - 1) * D * 2);
+        memcpy(vt + (size_t)(c->R - 1) * D, v16, D * 2);
+    }
 }
 
 kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const float *v) {
@@ -288,28 +662,44 @@ kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const fl
     size_t n = (size_t)c->H * c->D;
     KKV_TRY(check_finite(k, n, "append: key"));
     KKV_TRY(check_finite(v, n, "append: value"));
-    if ((c->cfg.max_tokens && s->len[layer] >= c->cfg.max_tokens) || s->len[layer] == INT_MAX)
+    kkv_lseq *y = &s->ly[layer];
+    if ((c->cfg.max_tokens && y->len >= c->cfg.max_tokens) || y->len == INT_MAX)
         return kkv_fail(KKV_ERR_CTX_FULL, "append: sequence %d is at max_tokens %d", seq,
                         c->cfg.max_tokens ? c->cfg.max_tokens : INT_MAX);
     /* A Q-buffer left full by a missing kkv_flush() is flushed now, so the
-     * state is what append-attend-flush would have left. Slots first: the
+     * state is what append-attend-flush would have left. Pool first: the
      * only failure comes before any change. */
-    KKV_TRY(ensure_slots(c, s, pages_for(c, (int64_t)s->len[layer] + 1)));
-    flush_layer(c, s, layer);
+    lstate to = st_append(c, lstate_of(y));
+    uint16_t *pre;
+    KKV_TRY(pre_settle(c, s, layer, to, &pre));
+    kkv_status pst = prepare(c, s, layer, to);
+    if (pst != KKV_OK) {
+        free(pre);
+        return pst;
+    }
+    flush_data(c, s, layer);
 
     kkv_counts cnt = kkv_counts_of(c, s, layer);
+    int eager = c->eager && cnt.len >= c->S && cnt.vtail == c->R;
     for (int h = 0; h < c->H; h++) {
-        uint16_t *st = kkv_stage(c, s, layer, h);
         const float *kh = k + (size_t)h * c->D, *vh = v + (size_t)h * c->D;
         if (cnt.len < c->S) {
-            store_f16(st + kkv_off_sink_k(c) + (size_t)cnt.len * c->D, kh, c->D);
-            store_f16(st + kkv_off_sink_v(c) + (size_t)cnt.len * c->D, vh, c->D);
+            store_f16(kkv_sink_k(c, s, layer, h) + (size_t)cnt.len * c->D, kh, c->D);
+            store_f16(kkv_sink_v(c, s, layer, h) + (size_t)cnt.len * c->D, vh, c->D);
         } else {
-            store_f16(st + kkv_off_ktail(c) + (size_t)cnt.ktail * c->D, kh, c->D);
-            store_f16(st + kkv_off_vtail(c) + (size_t)cnt.vtail * c->D, vh, c->D);
+            store_f16(kkv_ktail(c, s, layer, h) + (size_t)cnt.ktail * c->D, kh, c->D);
+            if (eager) {
+                uint16_t v16[KKV_MAX_HEAD_DIM];
+                store_f16(v16, vh, c->D);
+                eager_push(c, s, layer, h, v16);
+            } else {
+                store_f16(kkv_vtail(c, s, layer, h) + (size_t)cnt.vtail * c->D, vh, c->D);
+            }
         }
     }
-    s->len[layer]++;
+    if (eager) y->vq++;
+    y->len++;
+    settle(c, s, layer, pre);
     return KKV_OK;
 }
 
@@ -323,7 +713,7 @@ kkv_status kkv_attend(kkv_cache *c, float *out, int seq, int layer, const float 
     if (!out || !q || n_q < c->H || n_q % c->H)
         return kkv_fail(KKV_ERR_INVALID_ARG,
                         "attend: n_q %d must be a positive multiple of n_kv_heads %d", n_q, c->H);
-    if (s->len[layer] == 0)
+    if (s->ly[layer].len == 0)
         return kkv_fail(KKV_ERR_INVALID_ARG, "attend: sequence %d layer %d is empty", seq, layer);
     KKV_TRY(check_finite(q, (size_t)n_q * c->D, "attend: query"));
     return kkv_attend_impl(c, out, s, layer, q, n_q);

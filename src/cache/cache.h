@@ -3,10 +3,14 @@
  * for values, where
  *   key tail   = the key Q-buffer (0..G tokens, fp16),
  *   value tail = value Q-buffer followed by the window of the R newest values
- *                (0..R+G tokens, fp16, oldest first).
- * A page slot holds page p of one sequence for every layer and head: the key
- * page and the value page of the same G tokens. The value page is written up
- * to R tokens later than the key page, into the slot the key page allocated. */
+ *                (0..R+G tokens, fp16, oldest first; with eager values only
+ *                the window, 0..R, and vq % G rows of a page being written).
+ * A page slot holds page p of one layer of one sequence for every head: the
+ * key page and the value page of the same G tokens. The value page is written
+ * up to R tokens later than the key page, into the slot the key page took.
+ * Slots are reference-counted: forks share the ones whose pages are complete.
+ * Staging is per layer, grown and shrunk in KKV_STAGE_CHUNK-token steps, and
+ * accounted against the pool through the sequence's credit (cache.c). */
 #ifndef KKV_CACHE_CACHE_H
 #define KKV_CACHE_CACHE_H
 
@@ -18,32 +22,48 @@
 #include "kittykv.h"
 
 #define KKV_SLOTS_PER_CHUNK 64
+/* Staging grows and shrinks in chunks of this many tokens per region. */
+#define KKV_STAGE_CHUNK 16
+
+/* One layer of a sequence. A slot holds page p of this layer for every head:
+ * the key page and the value page of the same G tokens. */
+typedef struct kkv_lseq {
+    int       len;       /* tokens appended */
+    int       kp;        /* key pages written */
+    int       vq;        /* values (after the sink) quantized into pages: a
+                            multiple of G unless the method is eager */
+    int       n_slots;   /* slots held: max(kp, ceil(vq / G)) */
+    int       cap_slots;
+    int      *slots;     /* [cap_slots] page table: slot of page p */
+    int       cs, ck, cv;/* staging capacity in tokens: sink, key tail, value tail */
+    uint16_t *stage;     /* [H][2cs + ck + cv][D] fp16: sink K, sink V, key tail, value tail */
+} kkv_lseq;
 
 typedef struct kkv_seq {
     int       live;
-    int      *len;       /* [L] tokens appended per layer */
-    int      *n_kpages;  /* [L] key pages written per layer */
-    int      *n_vpages;  /* [L] value pages written per layer */
-    int      *slots;     /* [cap_slots] page table: slot of page p */
-    int       n_slots;   /* pages allocated (>= every layer's n_kpages) */
-    int       cap_slots;
-    uint16_t *staging;   /* [L][H][staging_tokens][D] fp16: sink K, sink V, key tail, value tail */
+    kkv_lseq *ly;        /* [L] */
+    /* Pool bytes the sequence holds besides its pages: its staging plus a
+     * surplus that staging freed by a flush leaves, spent on the next pages
+     * first. kkv_seq_reserve() raises it; it never falls until free. */
+    uint64_t  credit;
+    uint64_t  stage_bytes; /* sum over layers of the staging buffers */
     int       failed;    /* a forward pass failed midway: only kkv_seq_free() is allowed */
 } kkv_seq;
 
 struct kkv_cache {
     kkv_cache_config cfg;
-    int L, H, D, G, S, R, nb, vbits, fp16;
+    int L, H, D, G, S, R, nb, vbits, fp16, eager;
     size_t kpage, vpage;    /* bytes of one key / value page of one head */
-    size_t slot_bytes;      /* L * H * (kpage + vpage) */
-    size_t staging_tokens;  /* 2S + G + R + G per (layer, head) */
-    size_t staging_bytes;   /* per sequence */
-    /* pool */
-    uint64_t  budget, used; /* bytes: slots handed out + staging of live seqs */
+    size_t slot_bytes;      /* H * (kpage + vpage): one layer's page p */
+    int    max_k, max_v;    /* most tokens a key / value tail holds */
+    /* pool: used = slots in use * slot_bytes + credit of every live sequence */
+    uint64_t  budget, used;
     int       max_slots;
     uint8_t **chunks;       /* [ceil(max_slots / KKV_SLOTS_PER_CHUNK)] lazily allocated */
     int      *free_slots;   /* [max_slots] stack of free slot ids */
+    uint32_t *ref;          /* [max_slots] sequences referencing each slot */
     int       n_free, n_made; /* slots on the stack, slots ever created */
+    int       n_used_slots;   /* slots with ref > 0 */
     /* sequences */
     kkv_seq  *seqs;         /* [max_seqs] */
     uint8_t  *rank;         /* [L][H][D] explicit ranking, or NULL */
@@ -55,15 +75,24 @@ struct kkv_cache {
     kkv_tp   *tp_own;       /* owned; NULL when n_threads <= 1 */
 };
 
-/* Offsets into a (layer, head) staging block, in fp16 elements. */
+/* The fp16 staging of (layer, head): sink K [cs][D], sink V [cs][D], key
+ * tail [ck][D], value tail [cv][D]. */
 static inline uint16_t *kkv_stage(const kkv_cache *c, const kkv_seq *s, int l, int h) {
-    return s->staging + ((size_t)l * c->H + h) * c->staging_tokens * c->D;
+    const kkv_lseq *y = &s->ly[l];
+    return y->stage + (size_t)h * (size_t)(2 * y->cs + y->ck + y->cv) * c->D;
 }
-static inline size_t kkv_off_sink_k(const kkv_cache *c) { (void)c; return 0; }
-static inline size_t kkv_off_sink_v(const kkv_cache *c) { return (size_t)c->S * c->D; }
-static inline size_t kkv_off_ktail(const kkv_cache *c) { return (size_t)2 * c->S * c->D; }
-static inline size_t kkv_off_vtail(const kkv_cache *c) {
-    return ((size_t)2 * c->S + c->G) * c->D;
+static inline uint16_t *kkv_sink_k(const kkv_cache *c, const kkv_seq *s, int l, int h) {
+    return kkv_stage(c, s, l, h);
+}
+static inline uint16_t *kkv_sink_v(const kkv_cache *c, const kkv_seq *s, int l, int h) {
+    return kkv_stage(c, s, l, h) + (size_t)s->ly[l].cs * c->D;
+}
+static inline uint16_t *kkv_ktail(const kkv_cache *c, const kkv_seq *s, int l, int h) {
+    return kkv_stage(c, s, l, h) + (size_t)2 * s->ly[l].cs * c->D;
+}
+static inline uint16_t *kkv_vtail(const kkv_cache *c, const kkv_seq *s, int l, int h) {
+    const kkv_lseq *y = &s->ly[l];
+    return kkv_stage(c, s, l, h) + (size_t)(2 * y->cs + y->ck) * c->D;
 }
 
 /* Slot memory and the pages of (layer, head) inside it. */
@@ -73,36 +102,73 @@ static inline uint8_t *kkv_slot_ptr(const kkv_cache *c, int slot) {
 }
 static inline uint8_t *kkv_kpage_ptr(const kkv_cache *c, const kkv_seq *s, int p, int l,
                                      int h) {
-    return kkv_slot_ptr(c, s->slots[p]) + ((size_t)l * c->H + h) * (c->kpage + c->vpage);
+    return kkv_slot_ptr(c, s->ly[l].slots[p]) + (size_t)h * (c->kpage + c->vpage);
 }
 static inline uint8_t *kkv_vpage_ptr(const kkv_cache *c, const kkv_seq *s, int p, int l,
                                      int h) {
     return kkv_kpage_ptr(c, s, p, l, h) + c->kpage;
 }
 
-/* Token counts of one layer, derived from len (single source of truth). */
+/* Token counts of one layer, derived from (len, kp, vq). */
 typedef struct kkv_counts {
     int len;    /* tokens */
     int sink;   /* fp16 sink tokens */
-    int kp, vp; /* key / value pages written */
+    int kp;     /* key pages written */
+    int vq;     /* values quantized (after the sink) */
+    int vp;     /* value pages completely written: vq / G */
     int ktail;  /* key Q-buffer tokens */
-    int vtail;  /* value Q-buffer + window tokens */
+    int vtail;  /* fp16 values after the sink: value Q-buffer + window */
 } kkv_counts;
 
-static inline kkv_counts kkv_counts_of(const kkv_cache *c, const kkv_seq *s, int l) {
+static inline kkv_counts kkv_counts_make(const kkv_cache *c, int len, int kp, int vq) {
     kkv_counts n;
-    n.len = s->len[l];
+    n.len = len;
     n.sink = n.len < c->S ? n.len : c->S;
-    n.kp = s->n_kpages[l];
-    n.vp = s->n_vpages[l];
+    n.kp = kp;
+    n.vq = vq;
+    n.vp = vq / c->G;
     n.ktail = n.len - n.sink - n.kp * c->G;
-    n.vtail = n.len - n.sink - n.vp * c->G;
+    n.vtail = n.len - n.sink - n.vq;
     return n;
 }
+static inline kkv_counts kkv_counts_of(const kkv_cache *c, const kkv_seq *s, int l) {
+    return kkv_counts_make(c, s->ly[l].len, s->ly[l].kp, s->ly[l].vq);
+}
 
-/* Pool: allocate one slot (KKV_ERR_POOL_FULL if the budget is spent) / free. */
+/* Pool: a fresh slot with one reference (the caller has accounted its bytes
+ * in c->used) / drop one reference, returning the slot and its bytes to the
+ * pool when it was the last. */
 kkv_status kkv_pool_take(kkv_cache *c, int *slot);
 void       kkv_pool_give(kkv_cache *c, int slot);
+/* Undoes a kkv_pool_take() whose bytes were never accounted. */
+void       kkv_pool_untake(kkv_cache *c, int slot);
+/* The lowest free sequence id, or -1. */
+int        kkv_seq_new_id(const kkv_cache *c);
+
+/* Credit accounting of one change to a sequence: staging goes from its
+ * current bytes to new_stage and n_pages new slots are taken. Spends the
+ * sequence's surplus first, then the pool; KKV_ERR_POOL_FULL (nothing changed)
+ * if the pool cannot give the rest. kkv_seq_charge() only checks;
+ * kkv_seq_commit() books it. */
+kkv_status kkv_seq_charge(const kkv_cache *c, const kkv_seq *s, uint64_t new_stage, int n_pages,
+                          uint64_t *from_pool);
+void       kkv_seq_commit(kkv_cache *c, kkv_seq *s, uint64_t new_stage, int n_pages,
+                          uint64_t from_pool);
+
+/* Staging bytes of one layer with capacities (cs, ck, cv). */
+static inline uint64_t kkv_stage_bytes(const kkv_cache *c, int cs, int ck, int cv) {
+    return (uint64_t)c->H * c->D * 2 * (uint64_t)(2 * cs + ck + cv);
+}
+/* Capacity a region needs to hold n tokens: n rounded up to the chunk, at most max. */
+static inline int kkv_stage_cap(int n, int max) {
+    int r = (n + KKV_STAGE_CHUNK - 1) / KKV_STAGE_CHUNK * KKV_STAGE_CHUNK;
+    return r < max ? r : max;
+}
+/* Slots a layer with these counts holds. */
+static inline int kkv_slots_for(const kkv_cache *c, const kkv_counts *n) {
+    int v = (n->vq + c->G - 1) / c->G;
+    return n->kp > v ? n->kp : v;
+}
 /* Looks up a live sequence; NULL if there is none with that id. */
 kkv_seq   *kkv_seq_get(const kkv_cache *c, int seq);
 /* KKV_ERR_INVALID_ARG "what: sequence N ... free it" if s is marked failed. */

@@ -1,35 +1,56 @@
-/* Exact memory accounting: bytes of what is stored, by component. */
+/* Exact memory accounting: bytes of what is stored, by component. Pages that
+ * forked sequences share count in full for each sequence that sees them, and
+ * once for the pool. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cache/cache.h"
 #include "core/status.h"
 #include "quant/quant.h"
 
-static void add_seq(const kkv_cache *c, const kkv_seq *s, kkv_mem *m, uint64_t *elems) {
+/* Adds sequence s. seen: a bit per slot for the pool-wide sum (a shared page
+ * is counted at its first visit), or NULL for one sequence. */
+static void add_seq(const kkv_cache *c, const kkv_seq *s, kkv_mem *m, uint64_t *elems,
+                    uint8_t *seen) {
     uint64_t D = (uint64_t)c->D, G = (uint64_t)c->G, H = (uint64_t)c->H;
     kkv_key_layout kl = kkv_key_layout_of(c->D, c->G, c->nb);
     kkv_value_layout vl = kkv_value_layout_of(c->D, c->G, c->vbits);
-    uint64_t longest = 0;
+    uint64_t vrow = D * (uint64_t)c->vbits / 8; /* one value's codes */
+    uint64_t longest = 0, slots = 0;
     for (int l = 0; l < c->L; l++) {
+        const kkv_lseq *y = &s->ly[l];
         kkv_counts n = kkv_counts_of(c, s, l);
-        uint64_t kp = (uint64_t)n.kp * H, vp = (uint64_t)n.vp * H;
+        uint64_t kp = 0, vp = 0, vpart = (uint64_t)(n.vq % c->G);
+        for (int p = 0; p < y->n_slots; p++) {
+            int sl = y->slots[p];
+            int shared = c->ref[sl] > 1;
+            if (seen && shared) {
+                if (seen[sl / 8] & (1u << (sl % 8))) continue; /* counted already */
+                seen[sl / 8] |= (uint8_t)(1u << (sl % 8));
+            }
+            if (shared) m->shared += c->slot_bytes;
+            slots++;
+            kp += p < n.kp;
+            vp += p < n.vp;
+        }
+        kp *= H, vp *= H;
         uint64_t held16 = (uint64_t)2 * n.sink + (uint64_t)n.ktail + (uint64_t)n.vtail;
         if (c->fp16) {
-            m->fp16 += (kp + vp) * G * D * 2;
+            m->fp16 += (kp + vp) * G * D * 2 + vpart * H * D * 2;
         } else {
             m->key_lo += kp * (kl.hi - kl.lo);
             m->key_hi += kp * (kl.idx - kl.hi);
             m->key_idx += kp * (kl.scale - kl.idx);
             m->key_meta += kp * (kl.bytes - kl.scale);
-            m->value_codes += vp * (vl.scale - vl.codes);
-            m->value_meta += vp * (vl.bytes - vl.scale);
+            m->value_codes += vp * (vl.scale - vl.codes) + vpart * H * vrow;
+            m->value_meta += vp * (vl.bytes - vl.scale) + vpart * H * 4;
         }
         m->fp16 += held16 * H * D * 2;
         *elems += (uint64_t)n.len * H * D * 2;
         longest = (uint64_t)n.len > longest ? (uint64_t)n.len : longest;
     }
     m->tokens += longest;
-    m->capacity += (uint64_t)s->n_slots * c->slot_bytes + c->staging_bytes;
+    m->capacity += slots * c->slot_bytes + s->credit;
 }
 
 static void finish(kkv_mem *m, uint64_t elems) {
@@ -44,18 +65,23 @@ kkv_status kkv_seq_mem(const kkv_cache *c, kkv_mem *out, int seq) {
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "seq_mem: no sequence %d", seq);
     uint64_t elems = 0;
     memset(out, 0, sizeof *out);
-    add_seq(c, s, out, &elems);
+    add_seq(c, s, out, &elems, NULL);
     finish(out, elems);
+    out->used = out->capacity;
     return KKV_OK;
 }
 
 kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out) {
     if (!c || !out) return kkv_fail(KKV_ERR_INVALID_ARG, "cache_mem: NULL argument");
+    uint8_t *seen = calloc((size_t)c->n_made / 8 + 1, 1); /* [n_made] bits */
+    if (!seen) return kkv_fail(KKV_ERR_NOMEM, "cache_mem: out of memory");
     uint64_t elems = 0;
     memset(out, 0, sizeof *out);
     for (int i = 0; i < c->cfg.max_seqs; i++)
-        if (c->seqs[i].live) add_seq(c, &c->seqs[i], out, &elems);
+        if (c->seqs[i].live) add_seq(c, &c->seqs[i], out, &elems, seen);
+    free(seen);
     finish(out, elems);
+    out->used = c->used;
     out->capacity = c->budget;
     return KKV_OK;
 }

@@ -41,7 +41,7 @@ static const char *select_name(kkv_select s) {
 
 /* Applies one key=value to m; which keys were set go into *set (bit per key). */
 enum { SET_ALPHA = 1, SET_SELECT = 2, SET_SEED = 4, SET_SINK = 8, SET_GROUP = 16,
-       SET_WINDOW = 32, SET_VBITS = 64 };
+       SET_WINDOW = 32, SET_VBITS = 64, SET_EAGER = 128 };
 
 static kkv_status apply(kkv_method *m, unsigned *set, const char *spec, const char *key,
                         const char *val) {
@@ -76,10 +76,13 @@ static kkv_status apply(kkv_method *m, unsigned *set, const char *spec, const ch
     } else if (!strcmp(key, "vbits")) {
         bad = parse_int(&m->value_bits, val, 2, 4) || m->value_bits == 3;
         bit = SET_VBITS;
+    } else if (!strcmp(key, "eager")) {
+        bad = parse_int(&m->eager_values, val, 0, 1);
+        bit = SET_EAGER;
     } else {
         return kkv_fail(KKV_ERR_INVALID_ARG,
                         "method spec '%s': unknown key '%s' (alpha, select, seed, sink, group, "
-                        "window, vbits)", spec, key);
+                        "window, vbits, eager)", spec, key);
     }
     if (bad)
         return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': bad value '%s' for %s", spec,
@@ -141,6 +144,7 @@ static unsigned differ(const kkv_method *a, const kkv_method *b) {
     if (a->group != b->group) d |= SET_GROUP;
     if (a->window != b->window) d |= SET_WINDOW;
     if (a->value_bits != b->value_bits) d |= SET_VBITS;
+    if (a->eager_values != b->eager_values) d |= SET_EAGER;
     return d;
 }
 
@@ -181,6 +185,8 @@ kkv_status kkv_method_format(char *buf, size_t cap, size_t *n_out, const kkv_met
                                                  m->window);
         if (best_d & SET_VBITS) len += snprintf(tmp + len, sizeof tmp - len, ":vbits=%d",
                                                 m->value_bits);
+        if (best_d & SET_EAGER) len += snprintf(tmp + len, sizeof tmp - len, ":eager=%d",
+                                                m->eager_values);
     }
     if (n_out) *n_out = (size_t)len;
     if ((size_t)len + 1 > cap)

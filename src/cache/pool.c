@@ -1,32 +1,45 @@
-/* Page pool: fixed byte budget, slots made lazily in chunks, a free stack. */
+/* Page pool: slots made lazily in chunks, a free stack and a reference count
+ * per slot (forked sequences share pages). The byte budget is kept by the
+ * callers' credit accounting (cache.c): c->used counts every slot in use once. */
 #include <stdlib.h>
 
 #include "cache/cache.h"
 #include "core/status.h"
 
 kkv_status kkv_pool_take(kkv_cache *c, int *slot) {
-    if (c->used + c->slot_bytes > c->budget)
-        return kkv_fail(KKV_ERR_POOL_FULL,
-                        "page pool full: %llu of %llu bytes in use, a page needs %zu",
-                        (unsigned long long)c->used, (unsigned long long)c->budget,
-                        c->slot_bytes);
     if (c->n_free == 0) {
         if (c->n_made >= c->max_slots)
             return kkv_fail(KKV_ERR_POOL_FULL, "page pool full: all %d pages in use",
                             c->max_slots);
-        int chunk = c->n_made / KKV_SLOTS_PER_CHUNK;
-        if (!c->chunks[chunk]) {
-            c->chunks[chunk] = malloc(c->slot_bytes * KKV_SLOTS_PER_CHUNK);
+        if (c->n_made % KKV_SLOTS_PER_CHUNK == 0) {
+            /* a new chunk: its memory, and room for its slots in the stack and counts */
+            int chunk = c->n_made / KKV_SLOTS_PER_CHUNK;
+            size_t n = (size_t)c->n_made + KKV_SLOTS_PER_CHUNK;
+            int *fs = realloc(c->free_slots, n * sizeof *fs);
+            if (fs) c->free_slots = fs;
+            uint32_t *rf = fs ? realloc(c->ref, n * sizeof *rf) : NULL;
+            if (rf) c->ref = rf;
+            if (!c->chunks[chunk] && rf) c->chunks[chunk] = malloc(c->slot_bytes * KKV_SLOTS_PER_CHUNK);
             if (!c->chunks[chunk]) return kkv_fail(KKV_ERR_NOMEM, "page pool: out of memory");
         }
+        c->ref[c->n_made] = 0;
         c->free_slots[c->n_free++] = c->n_made++;
     }
     *slot = c->free_slots[--c->n_free];
-    c->used += c->slot_bytes;
+    c->ref[*slot] = 1;
+    c->n_used_slots++;
     return KKV_OK;
 }
 
 void kkv_pool_give(kkv_cache *c, int slot) {
+    if (--c->ref[slot]) return;
     c->free_slots[c->n_free++] = slot;
+    c->n_used_slots--;
     c->used -= c->slot_bytes;
+}
+
+void kkv_pool_untake(kkv_cache *c, int slot) {
+    c->ref[slot] = 0;
+    c->free_slots[c->n_free++] = slot;
+    c->n_used_slots--;
 }

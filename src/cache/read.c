@@ -17,30 +17,34 @@ kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int lay
     if (layer < 0 || layer >= c->L || head < 0 || head >= c->H)
         return kkv_fail(KKV_ERR_INVALID_ARG, "seq_read: bad layer %d / head %d", layer, head);
     kkv_counts n = kkv_counts_of(c, s, layer);
-    const uint16_t *st = kkv_stage(c, s, layer, head);
     int D = c->D, G = c->G;
     size_t row = (size_t)D;
     if (k) {
         float *o = k;
-        widen_rows(o, st + kkv_off_sink_k(c), n.sink, D);
+        widen_rows(o, kkv_sink_k(c, s, layer, head), n.sink, D);
         o += n.sink * row;
         for (int p = 0; p < n.kp; p++, o += (size_t)G * row) {
             const uint8_t *pg = kkv_kpage_ptr(c, s, p, layer, head);
             if (c->fp16) widen_rows(o, (const uint16_t *)(const void *)pg, G, D);
             else kkv_key_decode_ref(o, pg, D, G, c->nb);
         }
-        widen_rows(o, st + kkv_off_ktail(c), n.ktail, D);
+        widen_rows(o, kkv_ktail(c, s, layer, head), n.ktail, D);
     }
     if (v) {
         float *o = v;
-        widen_rows(o, st + kkv_off_sink_v(c), n.sink, D);
+        widen_rows(o, kkv_sink_v(c, s, layer, head), n.sink, D);
         o += n.sink * row;
         for (int p = 0; p < n.vp; p++, o += (size_t)G * row) {
             const uint8_t *pg = kkv_vpage_ptr(c, s, p, layer, head);
             if (c->fp16) widen_rows(o, (const uint16_t *)(const void *)pg, G, D);
             else kkv_value_decode_ref(o, pg, D, G, c->vbits);
         }
-        widen_rows(o, st + kkv_off_vtail(c), n.vtail, D);
+        for (int t = 0; t < n.vq % G; t++, o += row) { /* eager: a partial page */
+            const uint8_t *pg = kkv_vpage_ptr(c, s, n.vp, layer, head);
+            if (c->fp16) widen_rows(o, (const uint16_t *)(const void *)pg + (size_t)t * D, 1, D);
+            else kkv_value_row_decode_ref(o, pg, t, D, G, c->vbits);
+        }
+        widen_rows(o, kkv_vtail(c, s, layer, head), n.vtail, D);
     }
     return KKV_OK;
 }
@@ -51,7 +55,7 @@ kkv_status kkv_seq_key_page(const kkv_cache *c, void *dst, size_t dst_bytes, int
     const kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "key_page: no sequence %d", seq);
     if (layer < 0 || layer >= c->L || head < 0 || head >= c->H || page < 0 ||
-        page >= s->n_kpages[layer])
+        page >= s->ly[layer].kp)
         return kkv_fail(KKV_ERR_INVALID_ARG, "key_page: no page %d at layer %d head %d", page,
                         layer, head);
     if (!dst || dst_bytes < c->kpage)

@@ -16,12 +16,12 @@ KKV_LAYER_API kkv_status kkv_fail(kkv_status s, const char *fmt, ...) KKV_PRINTF
 
 /* Empties kkv_last_error(): a successful call that tried optional lookups on
  * the way (which set messages) ends with this, so no stale message remains. */
-void kkv_clear_error(void);
+KKV_LAYER_API void kkv_clear_error(void);
 
 /* Untrusted bytes (a name from a file) made safe to echo in a message:
  * printable ASCII kept, anything else as \xNN, cut with "..." to fit buf
  * [cap]. Returns buf. */
-const char *kkv_printable(char *buf, size_t cap, const void *bytes, size_t n);
+KKV_LAYER_API const char *kkv_printable(char *buf, size_t cap, const void *bytes, size_t n);
 
 /* Propagates a failing status unchanged (its message is already set). */
 #define KKV_TRY(expr)                                                          \

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "core/status.h"
 #include "model/ops.h"
@@ -456,6 +457,27 @@ void kkv_model_set_qkv_hook(kkv_model *m, kkv_qkv_hook fn, void *user) {
     if (!m) return;
     m->hook = fn;
     m->hook_user = user;
+}
+
+uint64_t kkv_model_fingerprint(const kkv_model *m) {
+    if (!m) return 0;
+    /* every tensor's name, type, shape and bytes: a saved state made with
+     * other weights (or a re-quantized file) is refused */
+    XXH3_state_t *st = XXH3_createState();
+    if (!st) return 0;
+    XXH3_64bits_reset(st);
+    XXH3_64bits_update(st, &m->info.n_layers, sizeof m->info.n_layers);
+    uint64_t n = kkv_gguf_n_tensors(m->gguf);
+    for (uint64_t i = 0; i < n; i++) {
+        const kkv_gguf_tensor *t = kkv_gguf_tensor_at(m->gguf, i);
+        XXH3_64bits_update(st, t->name.ptr, t->name.len);
+        XXH3_64bits_update(st, &t->type, sizeof t->type);
+        XXH3_64bits_update(st, t->ne, sizeof t->ne);
+        XXH3_64bits_update(st, t->data, t->nbytes);
+    }
+    uint64_t h = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return h ? h : 1; /* 0 means "no model" in a saved state */
 }
 
 void kkv_model_get_info(const kkv_model *m, kkv_model_info *out) {

@@ -54,26 +54,41 @@ void kkv_key_decode_ref(float *k, const uint8_t *page, int D, int G, int nb) {
     }
 }
 
-void kkv_value_encode_ref(uint8_t *page, const float *v, int D, int G, int bits) {
+void kkv_value_row_encode_ref(uint8_t *page, int t, const float *x, int D, int G, int bits) {
     kkv_value_layout L = kkv_value_layout_of(D, G, bits);
     size_t row = (size_t)D * (size_t)bits / 8;
     int per_byte = 8 / bits, maxq = (1 << bits) - 1;
-    memset(page, 0, L.bytes);
-    for (int t = 0; t < G; t++) {
-        const float *x = v + (size_t)t * D;
-        float mn = x[0], mx = x[0];
-        for (int c = 1; c < D; c++) {
-            mn = x[c] < mn ? x[c] : mn;
-            mx = x[c] > mx ? x[c] : mx;
-        }
-        kkv_qparams p = kkv_qparams_of(mn, mx, bits);
-        kkv_st16(page + L.scale + 2 * (size_t)t, p.scale16);
-        kkv_st16(page + L.mn + 2 * (size_t)t, p.mn16);
-        uint8_t *codes = page + L.codes + (size_t)t * row;
-        for (int c = 0; c < D; c++) {
-            uint8_t q = kkv_quant_code(x[c], &p, maxq);
-            codes[c / per_byte] |= (uint8_t)(q << (bits * (c % per_byte)));
-        }
+    float mn = x[0], mx = x[0];
+    for (int c = 1; c < D; c++) {
+        mn = x[c] < mn ? x[c] : mn;
+        mx = x[c] > mx ? x[c] : mx;
+    }
+    kkv_qparams p = kkv_qparams_of(mn, mx, bits);
+    kkv_st16(page + L.scale + 2 * (size_t)t, p.scale16);
+    kkv_st16(page + L.mn + 2 * (size_t)t, p.mn16);
+    uint8_t *codes = page + L.codes + (size_t)t * row;
+    memset(codes, 0, row);
+    for (int c = 0; c < D; c++) {
+        uint8_t q = kkv_quant_code(x[c], &p, maxq);
+        codes[c / per_byte] |= (uint8_t)(q << (bits * (c % per_byte)));
+    }
+}
+
+/* A value's group is its own token: the page is its G rows encoded one by one. */
+void kkv_value_encode_ref(uint8_t *page, const float *v, int D, int G, int bits) {
+    for (int t = 0; t < G; t++) kkv_value_row_encode_ref(page, t, v + (size_t)t * D, D, G, bits);
+}
+
+void kkv_value_row_decode_ref(float *x, const uint8_t *page, int t, int D, int G, int bits) {
+    kkv_value_layout L = kkv_value_layout_of(D, G, bits);
+    size_t row = (size_t)D * (size_t)bits / 8;
+    int per_byte = 8 / bits, maxq = (1 << bits) - 1;
+    float scale = kkv_f16_to_f32(kkv_ld16(page + L.scale + 2 * (size_t)t));
+    float mn = kkv_f16_to_f32(kkv_ld16(page + L.mn + 2 * (size_t)t));
+    const uint8_t *codes = page + L.codes + (size_t)t * row;
+    for (int c = 0; c < D; c++) {
+        int q = (codes[c / per_byte] >> (bits * (c % per_byte))) & maxq;
+        x[c] = (float)q * scale + mn;
     }
 }
 

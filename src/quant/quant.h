@@ -47,6 +47,10 @@ void kkv_key_encode_ref(uint8_t *page, const float *k, int D, int G, int nb,
 void kkv_key_decode_ref(float *k, const uint8_t *page, int D, int G, int nb);
 void kkv_value_encode_ref(uint8_t *page, const float *v, int D, int G, int bits);
 void kkv_value_decode_ref(float *v, const uint8_t *page, int D, int G, int bits);
+/* Row t of a value page alone (the page's other rows are left as they are):
+ * encode x [D] / decode into x [D]. The whole-page codecs are these per row. */
+void kkv_value_row_encode_ref(uint8_t *page, int t, const float *x, int D, int G, int bits);
+void kkv_value_row_decode_ref(float *x, const uint8_t *page, int t, int D, int G, int bits);
 
 /* Little-endian fp16 load/store at any alignment. */
 static inline uint16_t kkv_ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }

@@ -35,6 +35,7 @@ enum {
     BO_MAXBATCH = 1 << 11, /* --max-batch N                     */
     BO_BASELINE = 1 << 12, /* --no-baseline                     */
     BO_CTX1     = 1 << 13, /* --ctx N (one value)               */
+    BO_PREFIX   = 1 << 14, /* --shared-prefix N                 */
 };
 
 typedef struct bench_opts {
@@ -57,6 +58,7 @@ typedef struct bench_opts {
     int         bw_mb;      /* read-test array size                    */
     int         max_batch;
     int         baseline;   /* flush: also run fp16 as a noise floor   */
+    int         shared_prefix; /* serve: tokens every sequence shares (0: none) */
 } bench_opts;
 
 /* Parses argv[1..] into o (defaults already set by the caller; o->cmd set).

@@ -7,7 +7,12 @@
  * sequences (capped by --max-batch) get ctx - n synthetic tokens (see bench
  * decode: the prefill is not timed) and decode n steps together through
  * kkv_model_decode_batch, ending at exactly ctx tokens. Steps of all methods
- * interleave; aggregate tokens/s = batch / median step time. */
+ * interleave; aggregate tokens/s = batch / median step time.
+ *
+ * --shared-prefix P: one prefix sequence of P tokens is filled first (a
+ * server's prefix-cache entry, counted against the budget), and every
+ * sequence is a kkv_seq_fork of it reserving its ctx - P own tokens; the
+ * ratio column then compares with fp16 *without* sharing, the plain count. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,7 +30,8 @@ static void usage(FILE *f) {
             "decode tokens/s of that batch (kkv_model_decode_batch; synthetic context).\n"
             "Defaults: --kv-budget 1024 MiB  -c 4096 tokens per sequence\n"
             "          --methods fp16,kivi-k2v2,kitty,kitty-pro  -n 16 timed batch decode steps\n"
-            "          --max-batch 64  -t all cores  --kernel auto\n"
+            "          --max-batch 64  -t all cores  --kernel auto  --shared-prefix 0\n"
+            "Method specs such as kitty:eager=1 (eager value quantization) are taken.\n"
             "Default model: %s\n",
             cli_default_model());
 }
@@ -34,6 +40,9 @@ typedef struct meth {
     kkv_cache *c;
     int       *seqs;    /* [fit] */
     int        fit;     /* sequences that fit */
+    int        fit_plain; /* sequences that fit without a shared prefix */
+    int        root;    /* the shared prefix sequence, or -1 */
+    uint64_t   shared_bytes; /* of seq_bytes: pages shared with the prefix */
     int        batch;   /* measured batch, <= fit */
     uint64_t   seq_bytes; /* pool bytes one ctx-token sequence takes */
     double    *times;   /* [n] wall seconds */
@@ -41,15 +50,16 @@ typedef struct meth {
     double     med_s, min_s, cpu_s;
 } meth;
 
-/* Fills m->fit by reserving ctx-token sequences until the pool is full. */
+/* Fills m->fit by reserving ctx-token sequences until the pool is full: new
+ * ones, or forks of m->root reserving the tokens beyond the prefix. */
 static int count_fit(const bench_opts *o, meth *m) {
     m->seqs = malloc(MAX_SEQS_PROBE * sizeof *m->seqs);
     if (!m->seqs) return fprintf(stderr, "kittykv " CMD ": out of memory\n"), 1;
     for (;;) {
         int seq;
-        kkv_status s = kkv_seq_add(m->c, &seq);
+        kkv_status s = m->root >= 0 ? kkv_seq_fork(m->c, &seq, m->root) : kkv_seq_add(m->c, &seq);
         if (s == KKV_OK) {
-            s = kkv_seq_reserve(m->c, seq, o->ctx);
+            s = kkv_seq_reserve(m->c, seq, o->ctx - kkv_seq_len(m->c, seq, 0));
             if (s != KKV_OK) kkv_seq_free(m->c, seq);
         }
         if (s == KKV_ERR_POOL_FULL) break;
@@ -58,10 +68,27 @@ static int count_fit(const bench_opts *o, meth *m) {
             kkv_mem mem;
             kkv_seq_mem(m->c, &mem, seq);
             m->seq_bytes = mem.capacity;
+            m->shared_bytes = mem.shared;
         }
         m->seqs[m->fit++] = seq;
         if (m->fit == MAX_SEQS_PROBE) break;
     }
+    return 0;
+}
+
+/* The plain count (no sharing) on a throw-away cache of the same config. */
+static int count_plain(const bench_opts *o, const kkv_cache_config *cfg, int *fit) {
+    kkv_cache *c;
+    if (kkv_cache_create(&c, cfg) != KKV_OK) return bench_fail(o, "cache");
+    *fit = 0;
+    for (;;) {
+        int seq;
+        kkv_status s = kkv_seq_add(c, &seq);
+        if (s == KKV_OK) s = kkv_seq_reserve(c, seq, o->ctx);
+        if (s != KKV_OK) break;
+        if (++*fit == MAX_SEQS_PROBE) break;
+    }
+    kkv_cache_free(c);
     return 0;
 }
 
@@ -78,9 +105,14 @@ int bench_serve(int argc, char **argv) {
     if (bench_set_methods(&o, "fp16,kivi-k2v2,kitty,kitty-pro")) return 2;
     int rc = bench_parse(&o, argc, argv,
                          BO_MODEL | BO_CTX1 | BO_METHODS | BO_THREADS | BO_KERNEL | BO_N |
-                             BO_BUDGET | BO_MAXBATCH,
+                             BO_BUDGET | BO_MAXBATCH | BO_PREFIX,
                          usage);
     if (rc) return rc < 0 ? 0 : rc;
+    if (o.shared_prefix && o.shared_prefix + o.n > o.ctx) {
+        fprintf(stderr, "kittykv " CMD ": --shared-prefix %d plus -n %d exceed --ctx %d\n",
+                o.shared_prefix, o.n, o.ctx);
+        return 2;
+    }
     if (o.n > o.ctx) {
         fprintf(stderr, "kittykv " CMD ": -n %d exceeds --ctx %d\n", o.n, o.ctx);
         return 2;
@@ -118,6 +150,20 @@ int bench_serve(int argc, char **argv) {
             break;
         }
         used = kkv_cache_get_kernel(m->c);
+        m->root = -1;
+        if ((rc = count_plain(&o, &cfg, &m->fit_plain))) break;
+        if (o.shared_prefix) {
+            /* the prefix: one sequence of P synthetic tokens, kept for the forks */
+            kkv_cache *cs[1] = {m->c};
+            char label[64];
+            snprintf(label, sizeof label, "prefix %s", o.method_names[i]);
+            if (kkv_seq_add(m->c, &m->root) != KKV_OK ||
+                kkv_seq_reserve(m->c, m->root, o.shared_prefix) != KKV_OK ||
+                bench_fill(cs, &m->root, 1, o.shared_prefix, &g, label) != KKV_OK) {
+                rc = bench_fail(&o, "filling the shared prefix");
+                break;
+            }
+        }
         if ((rc = count_fit(&o, m))) break;
         m->batch = m->fit < o.max_batch ? m->fit : o.max_batch;
         /* sequences beyond the measured batch go back to the pool */
@@ -184,19 +230,24 @@ int bench_serve(int argc, char **argv) {
                "attention kernel %s; context synthetic, decode = kkv_model_decode_batch\n",
                o.budget_mb, o.ctx, info.name[0] ? info.name : info.arch, o.threads,
                o.threads > 1 ? "s" : "", kkv_kernel_name(used));
-        printf("%-11s %8s %10s %6s %10s %10s %10s %9s %9s %9s\n", "method", "seqs fit",
+        if (o.shared_prefix)
+            printf("every sequence forks one %d-token prefix and reserves %d tokens of its own; "
+                   "MiB/seq = what a fork holds beyond the shared pages; seqs/fp16 is against "
+                   "fp16 without sharing (%d)\n", o.shared_prefix, o.ctx - o.shared_prefix,
+                   fp16 >= 0 ? ms[fp16].fit_plain : 0);
+        printf("%-16s %8s %9s %10s %6s %10s %10s %10s %9s %9s %9s\n", "method", "seqs fit", "no-share",
                "MiB/seq", "batch", "step ms", "cpu ms", "tok/s", "seqs/fp16", "tok/fp16",
                "cpu tok/");
         for (int i = 0; i < M; i++) {
             const meth *m = &ms[i];
             double tps = m->batch ? m->batch / m->med_s : 0.0;
-            printf("%-11s %8d %10.2f %5d%s %10.1f %10.1f %10.2f", o.method_names[i], m->fit,
-                   (double)m->seq_bytes / 1048576.0, m->batch, m->batch < m->fit ? "*" : " ",
+            printf("%-16s %8d %9d %10.2f %5d%s %10.1f %10.1f %10.2f", o.method_names[i], m->fit,
+                   m->fit_plain, (double)(m->seq_bytes - m->shared_bytes) / 1048576.0, m->batch, m->batch < m->fit ? "*" : " ",
                    m->med_s * 1e3, m->cpu_s * 1e3, tps);
             if (fp16 >= 0 && ms[fp16].fit && ms[fp16].batch && m->batch) {
                 double tps16 = ms[fp16].batch / ms[fp16].med_s;
                 double cpu16 = ms[fp16].batch / ms[fp16].cpu_s;
-                printf(" %8.2fx %8.2fx %8.2fx\n", (double)m->fit / ms[fp16].fit, tps / tps16,
+                printf(" %8.2fx %8.2fx %8.2fx\n", (double)m->fit / ms[fp16].fit_plain, tps / tps16,
                        m->batch / m->cpu_s / cpu16);
             } else {
                 printf(" %9s %9s %9s\n", "-", "-", "-");
@@ -209,8 +260,8 @@ int bench_serve(int argc, char **argv) {
         if (o.json) {
             printf("{\"bench\":\"serve\",\"kv_budget_mb\":");
             bench_json_num(stdout, o.budget_mb);
-            printf(",\"ctx\":%d,\"n\":%d,\"threads\":%d,\"max_batch\":%d,\"kernel\":", o.ctx, N,
-                   o.threads, o.max_batch);
+            printf(",\"ctx\":%d,\"shared_prefix\":%d,\"n\":%d,\"threads\":%d,\"max_batch\":%d,"
+                   "\"kernel\":", o.ctx, o.shared_prefix, N, o.threads, o.max_batch);
             cli_json_str(stdout, kkv_kernel_name(used));
             printf(",\"context\":\"synthetic\",\"rows\":[");
             for (int i = 0; i < M; i++) {
@@ -218,8 +269,10 @@ int bench_serve(int argc, char **argv) {
                 double tps = m->batch ? m->batch / m->med_s : 0.0;
                 printf("%s{\"method\":", i ? "," : "");
                 cli_json_str(stdout, o.method_names[i]);
-                printf(",\"max_seqs\":%d,\"bytes_per_seq\":%llu,\"batch\":%d,\"capped\":%s,"
-                       "\"step_ms\":", m->fit, (unsigned long long)m->seq_bytes, m->batch,
+                printf(",\"max_seqs\":%d,\"max_seqs_unshared\":%d,\"bytes_per_seq\":%llu,"
+                       "\"shared_bytes_per_seq\":%llu,\"batch\":%d,\"capped\":%s,"
+                       "\"step_ms\":", m->fit, m->fit_plain, (unsigned long long)m->seq_bytes,
+                       (unsigned long long)m->shared_bytes, m->batch,
                        m->batch < m->fit ? "true" : "false");
                 bench_json_num(stdout, m->med_s * 1e3);
                 printf(",\"step_cpu_ms\":");
@@ -229,7 +282,8 @@ int bench_serve(int argc, char **argv) {
                 printf(",\"tok_s\":");
                 bench_json_num(stdout, tps);
                 printf(",\"seqs_vs_fp16\":");
-                if (fp16 >= 0 && ms[fp16].fit) bench_json_num(stdout, (double)m->fit / ms[fp16].fit);
+                if (fp16 >= 0 && ms[fp16].fit_plain)
+                    bench_json_num(stdout, (double)m->fit / ms[fp16].fit_plain);
                 else printf("null");
                 printf(",\"tok_s_vs_fp16\":");
                 if (fp16 >= 0 && ms[fp16].batch)

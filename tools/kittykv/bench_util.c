@@ -120,6 +120,10 @@ int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
                        "cap on the measured batch"}},
         {BO_BASELINE, {0, "no-baseline", OPT_FLAG, 0, 0, &no_baseline, NULL, NULL,
                        "skip the interleaved fp16 noise-floor run"}},
+        {BO_PREFIX, {0, "shared-prefix", OPT_INT, 0, 1 << 22, &o->shared_prefix, NULL, "P",
+                     "sequences fork one P-token prefix (kkv_seq_fork) and reserve\n"
+                     "ctx - P tokens of their own; seqs/fp16 compares with fp16\n"
+                     "without sharing (default 0: no sharing)"}},
         {~0u, {0, "json", OPT_FLAG, 0, 0, &o->json, NULL, NULL,
                "also print one JSON object on the last line"}},
     };

@@ -29,7 +29,8 @@ static const char *const SYNOPSIS =
 static const char *const EPILOG =
     "A method spec is a method name with optional ':key=value' overrides:\n"
     "  alpha=F  select=magnitude|variance|random  seed=N  sink=N  group=N\n"
-    "  window=N vbits=2|4          e.g. kitty:alpha=0.5:select=random:seed=3\n"
+    "  window=N vbits=2|4  eager=0|1 (values quantized as they leave the window)\n"
+    "  e.g. kitty:alpha=0.5:select=random:seed=3\n"
     "Options a method ignores are errors (fp16 takes only group).\n"
     "\nKL is KL(p_fp16 || p_method) in nats per position, computed in double over\n"
     "the whole vocabulary; p99 is the nearest-rank 99th percentile.\n";

@@ -37,6 +37,8 @@ typedef struct opts {
     const char *logits_out; /* hidden: float32 logits of the last prompt token */
     const char *kv;
     const char *compare;    /* --compare LIST as given, or NULL */
+    const char *save_state; /* --save-state FILE, or NULL */
+    const char *load_state; /* --load-state FILE, or NULL */
     const char *chat_template; /* --chat-template NAME, or NULL: the model's */
     cli_spec    specs[MAX_COMPARE]; /* [n_methods] --kv (with --alpha) or --compare */
     int         n_methods;  /* 1 without --compare */
@@ -103,6 +105,14 @@ static int defs_of(opt_def *d, opts *o) {
          "assistant's opening"},
         {0, "chat-template", OPT_STRING, 0, 0, &o->chat_template, &o->chat, "NAME",
          "use that template family instead (implies --chat)"},
+        {0, "save-state", OPT_STRING, 0, 0, &o->save_state, NULL, "FILE",
+         "after the run, save the sequence (its quantized cache, the\n"
+         "token ids and the next token to feed) to FILE; with -n 0 the\n"
+         "prompt alone (docs/STATE_FORMAT.md)"},
+        {0, "load-state", OPT_STRING, 0, 0, &o->load_state, NULL, "FILE",
+         "continue a saved sequence (same model and --kv spec): -p MORE\n"
+         "(optional, no BOS) is fed after it, then -n N tokens; greedy\n"
+         "output is the uninterrupted run's"},
         {0, "prompt-ids", OPT_LIST, 0, 0, &o->prompt_ids, NULL, "LIST", NULL},
         {0, "ids-out", OPT_STRING, 0, 0, &o->ids_out, NULL, "FILE", NULL},
         {0, "logits-out", OPT_STRING, 0, 0, &o->logits_out, NULL, "FILE", NULL},
@@ -116,11 +126,12 @@ static int defs_of(opt_def *d, opts *o) {
 static int parse(opts *o, int argc, char **argv) {
     *o = (opts){.model = NULL, .kv = "kitty", .n_gen = 128, .ctx = 8192, .temp = 0.0f,
                 .top_p = 0.95f, .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = 42};
-    opt_def defs[32];
+    opt_def defs[40];
     int n_defs = defs_of(defs, o);
     int rc = opts_run(CMD, SYNOPSIS, defs, n_defs, EPILOG, argc, argv);
     if (rc) return rc;
-    if (!!o->prompt + !!o->file + !!o->prompt_ids != 1) {
+    if (!!o->prompt + !!o->file + !!o->prompt_ids > 1 ||
+        (!o->load_state && !!o->prompt + !!o->file + !!o->prompt_ids != 1)) {
         fprintf(stderr, "kittykv " CMD ": give exactly one of -p PROMPT and -f FILE "
                 "(see --help)\n");
         return 2;
@@ -130,6 +141,7 @@ static int parse(opts *o, int argc, char **argv) {
         /* A comparison is only meaningful when every method sees the same
          * deterministic decoding rule and its own defaults. */
         const char *clash = o->have_kv ? "--kv" : o->have_alpha ? "--alpha"
+                          : o->save_state ? "--save-state" : o->load_state ? "--load-state"
                           : o->temp > 0.0f ? "--temp > 0" : o->ids_out ? "--ids-out"
                           : o->logits_out ? "--logits-out" : NULL;
         if (clash) {
@@ -256,7 +268,8 @@ static int prompt_tokens(const opts *o, const kkv_model *m, int32_t **ids, int *
         len = need;
         text = chat;
     }
-    kkv_status s = kkv_tokenize_alloc(m, ids, n, text, len, 1, o->chat);
+    /* a continuation of a loaded state gets no BOS */
+    kkv_status s = kkv_tokenize_alloc(m, ids, n, text, len, !o->load_state, o->chat);
     free(chat);
     free(file_text);
     if (s != KKV_OK) {
@@ -349,19 +362,71 @@ static int run_method(method_run *res, const opts *o, kkv_model *m,
         return fail("sizing the KV pool");
     kkv_cache *cache;
     if (kkv_cache_create(&cache, &cfg) != KKV_OK) return fail("creating the KV cache");
-    int rc = 0, seq = 0;
+    int rc = 0, seq = -1;
     if (kkv_cache_set_threadpool(cache, tp) != KKV_OK) rc = fail("thread pool");
-    for (int i = 0; !rc && i < n_prompt; i++)
-        if (kkv_sampler_accept(smp, prompt[i]) != KKV_OK) rc = fail("sampler");
+    /* hist: every id the cache holds, then the next one to feed; a saved state
+     * carries the same list, so a load continues exactly where a run stopped */
+    int32_t *hist = malloc(((size_t)o->ctx + 2) * sizeof *hist); /* [ctx + 2] */
+    int n_hist = 0;
+    int32_t *feed = NULL; /* [n_feed] the first forward pass's tokens */
+    int n_feed = n_prompt;
+    if (!rc && !hist) {
+        fprintf(stderr, "kittykv " CMD ": out of memory\n");
+        rc = 1;
+    }
+    if (!rc && o->load_state) {
+        uint64_t fp = kkv_model_fingerprint(m);
+        kkv_status ls = kkv_seq_load_file(cache, &seq, o->load_state, fp, hist, o->ctx + 1,
+                                          &n_hist);
+        if (ls != KKV_OK) {
+            fprintf(stderr, "kittykv " CMD ": --load-state %s: %s\n", o->load_state,
+                    ls == KKV_ERR_INVALID_ARG ? "longer than the context (-c)" : kkv_last_error());
+            rc = 1;
+        } else if (n_hist != kkv_seq_len(cache, seq, 0) + 1) {
+            fprintf(stderr, "kittykv " CMD ": --load-state %s: %d token ids for a sequence of %d "
+                    "tokens (not saved by kittykv generate)\n", o->load_state, n_hist,
+                    kkv_seq_len(cache, seq, 0));
+            rc = 1;
+        } else if (n_hist + n_prompt + o->n_gen > o->ctx) {
+            fprintf(stderr, "kittykv " CMD ": the loaded %d tokens plus %d more exceed the "
+                    "context of %d tokens (-c)\n", n_hist, n_prompt + o->n_gen, o->ctx);
+            rc = 1;
+        } else {
+            /* the pending token, then the new prompt */
+            n_hist--;
+            n_feed = 1 + n_prompt;
+            feed = malloc((size_t)n_feed * sizeof *feed);
+            if (!feed) {
+                fprintf(stderr, "kittykv " CMD ": out of memory\n");
+                rc = 1;
+            } else {
+                feed[0] = hist[n_hist];
+                if (n_prompt) memcpy(feed + 1, prompt, (size_t)n_prompt * sizeof *feed);
+            }
+            for (int i = 0; !rc && i < n_hist; i++)
+                if (kkv_sampler_accept(smp, hist[i]) != KKV_OK) rc = fail("sampler");
+        }
+    }
+    const int32_t *first = feed ? feed : prompt;
+    for (int i = 0; !rc && i < n_feed; i++)
+        if (kkv_sampler_accept(smp, first[i]) != KKV_OK) rc = fail("sampler");
     /* Everything the run can need, up front: a pool or context that is too
      * small is one clear error before any output. */
-    if (!rc && kkv_seq_add(cache, &seq) != KKV_OK) rc = fail("KV pool too small");
-    else if (kkv_seq_reserve(cache, seq, n_prompt + o->n_gen) != KKV_OK)
+    if (!rc && !o->load_state && kkv_seq_add(cache, &seq) != KKV_OK) rc = fail("KV pool too small");
+    if (!rc && kkv_seq_reserve(cache, seq, n_feed + o->n_gen) != KKV_OK)
         rc = fail("context too long for the KV pool");
+    /* saving the prompt alone: its last token stays pending (chunking
+     * invariance: n - 1 then 1 token is the n-token prefill) */
+    int hold = o->save_state && o->n_gen == 0 && !feed;
 
     double t0 = cli_now();
-    if (!rc && kkv_model_forward(m, cache, logits, seq, prompt, n_prompt, 0) != KKV_OK)
+    if (!rc && n_feed - hold > 0 &&
+        kkv_model_forward(m, cache, logits, seq, first, n_feed - hold, 0) != KKV_OK)
         rc = fail("prefill");
+    if (!rc) {
+        memcpy(hist + n_hist, first, (size_t)n_feed * sizeof *hist);
+        n_hist += n_feed - hold;
+    }
     res->t_prefill = cli_now() - t0;
     if (!rc && o->logits_out && write_logits(o->logits_out, logits, info->n_vocab)) rc = 1;
 
@@ -374,6 +439,7 @@ static int run_method(method_run *res, const opts *o, kkv_model *m,
             break;
         }
         res->gen[res->n_out++] = tok;
+        hist[n_hist] = tok; /* pending until fed */
         if (kkv_sampler_accept(smp, tok) != KKV_OK) {
             rc = fail("sampler");
             break;
@@ -390,9 +456,17 @@ static int run_method(method_run *res, const opts *o, kkv_model *m,
             rc = fail("decode");
             break;
         }
+        n_hist++;
         res->t_decode += cli_now() - t1;
         res->n_decode++;
     }
+    if (!rc && o->save_state) {
+        kkv_state_meta meta = {kkv_model_fingerprint(m), hist, n_hist + 1};
+        if (kkv_seq_save_file(cache, o->save_state, seq, &meta) != KKV_OK)
+            rc = fail("--save-state");
+    }
+    free(feed);
+    free(hist);
     if (!rc) {
         char tail[KKV_UTF8_STREAM_BOUND(0)];
         fwrite(tail, 1, kkv_utf8_stream_flush(&u8, tail), stdout);
@@ -495,7 +569,9 @@ static int generate(const opts *o, run_state *r) {
     kkv_model_info info;
     kkv_model_get_info(r->model, &info);
 
-    int n_prompt, rc = prompt_tokens(o, r->model, &r->prompt, &n_prompt);
+    int n_prompt = 0, rc = 0;
+    if (o->prompt || o->file || o->prompt_ids)
+        rc = prompt_tokens(o, r->model, &r->prompt, &n_prompt);
     if (rc) return rc;
     if ((long)n_prompt + o->n_gen > o->ctx) {
         fprintf(stderr, "kittykv " CMD ": the prompt (%d token(s)) plus %d new tokens exceed the "

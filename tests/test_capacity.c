@@ -1,0 +1,438 @@
+/* Capacity (issue 13): eager value quantization, kkv_seq_fork with shared
+ * pages (trees of depth 3 freed in every order, exact accounting, pool-full),
+ * and kkv_seq_save / kkv_seq_load (round trip byte for byte, continuation,
+ * every corruption refused with the cache unchanged). Run under ASan+UBSan by
+ * the sanitizer build. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kittykv.h"
+#include "testutil.h"
+
+enum { L = 2, H = 2, D = 16, NQ = 4 };
+
+static kkv_method meth(const char *name, int small, int eager) {
+    kkv_method m;
+    kkv_method_from_name(&m, name);
+    if (small && !m.fp16) m.sink = 5, m.group = 8, m.window = 12;
+    if (small && m.fp16) m.group = 8;
+    m.eager_values = eager;
+    return m;
+}
+
+static kkv_cache *mk(const kkv_method *m, size_t pool) {
+    kkv_cache_config cfg = {.n_layers = L, .n_kv_heads = H, .head_dim = D, .pool_bytes = pool,
+                            .n_threads = 2, .method = *m};
+    kkv_cache *c = NULL;
+    CHECK(kkv_cache_create(&c, &cfg) == KKV_OK, "create: %s", kkv_last_error());
+    return c;
+}
+
+/* Token t's K/V/Q for layer l: a pure function of (t, l), so two sequences
+ * fed the same positions see the same data. */
+static void data(float *k, float *v, float *q, int t, int l) {
+    tu_rng r = tu_rng_make(((uint64_t)t << 8) ^ (uint64_t)l ^ 0x5eed);
+    for (int i = 0; i < H * D; i++) k[i] = tu_normal(&r) * (1.0f + (float)(i % 5)), v[i] = tu_normal(&r);
+    for (int i = 0; i < NQ * D; i++) q[i] = tu_normal(&r);
+}
+
+/* Feeds tokens [t0, t1) to every layer, append -> attend -> flush; hashes
+ * the attention outputs into *h (FNV-1a). */
+static kkv_status feed(kkv_cache *c, int seq, int t0, int t1, uint64_t *h) {
+    float k[H * D], v[H * D], q[NQ * D], o[NQ * D];
+    for (int t = t0; t < t1; t++)
+        for (int l = 0; l < L; l++) {
+            data(k, v, q, t, l);
+            kkv_status s = kkv_append(c, seq, l, k, v);
+            if (s == KKV_OK) s = kkv_attend(c, o, seq, l, q, NQ);
+            if (s == KKV_OK) s = kkv_flush(c, seq, l);
+            if (s != KKV_OK) return s;
+            if (h) {
+                const uint8_t *b = (const uint8_t *)o;
+                for (size_t i = 0; i < sizeof o; i++) *h = (*h ^ b[i]) * 0x100000001b3ull;
+            }
+        }
+    return KKV_OK;
+}
+
+/* Everything kkv_seq_read shows of a sequence, [L][H][2][len][D]. */
+static float *contents(const kkv_cache *c, int seq, size_t *n) {
+    int len = kkv_seq_len(c, seq, 0);
+    *n = (size_t)L * H * 2 * (size_t)(len > 0 ? len : 0) * D;
+    float *x = calloc(*n + 1, sizeof *x);
+    float *o = x;
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < H; h++, o += 2 * (size_t)len * D)
+            kkv_seq_read(c, o, o + (size_t)len * D, seq, l, h);
+    return x;
+}
+
+static int same_contents(const kkv_cache *a, int sa, const kkv_cache *b, int sb) {
+    size_t na, nb;
+    float *x = contents(a, sa, &na), *y = contents(b, sb, &nb);
+    int eq = na == nb && !memcmp(x, y, na * sizeof *x);
+    free(x), free(y);
+    return eq;
+}
+
+/* ---------------------------------------------------------------- eager */
+
+static void test_eager(void) {
+    const char *names[] = {"kitty", "kitty-pro", "kivi-k2v4s"};
+    for (int mi = 0; mi < 3; mi++) {
+        kkv_method me = meth(names[mi], 1, 1), mp = meth(names[mi], 1, 0);
+        kkv_cache *ce = mk(&me, 16u << 20), *cp = mk(&mp, 16u << 20);
+        if (!ce || !cp) return;
+        int se, sp;
+        kkv_seq_add(ce, &se);
+        kkv_seq_add(cp, &sp);
+        int S = me.sink, G = me.group, R = me.window;
+        for (int T = 1; T <= 70; T++) {
+            CHECK(feed(ce, se, T - 1, T, NULL) == KKV_OK, "eager feed: %s", kkv_last_error());
+            CHECK(feed(cp, sp, T - 1, T, NULL) == KKV_OK, "feed");
+            /* keys are untouched; a value is the paper's fp16 or its own
+             * quantized row, which the paper's later value page holds too */
+            size_t n;
+            float *x = contents(ce, se, &n), *y = contents(cp, sp, &n);
+            int post = T > S ? T - S : 0, vq_e = post > R ? post - R : 0;
+            int vq_p = post >= R + G ? (post - R) / G * G : 0;
+            for (int l = 0; l < L; l++)
+                for (int h = 0; h < H; h++) {
+                    size_t base = ((size_t)l * H + h) * 2 * (size_t)T * D;
+                    CHECK(!memcmp(x + base, y + base, (size_t)T * D * sizeof *x), "keys differ");
+                    for (int t = 0; t < T; t++) {
+                        const float *a = x + base + (size_t)(T + t) * D, *b = y + base + (size_t)(T + t) * D;
+                        int i = t - S, differs = memcmp(a, b, D * sizeof *a) != 0;
+                        int may = i >= vq_p && i < vq_e; /* the paper's value Q-buffer */
+                        CHECK(!differs || may, "%s T=%d token %d: eager value differs outside the "
+                              "value Q-buffer", names[mi], T, t);
+                        if (may) {
+                            float mn = b[0], mx = b[0], err = 0;
+                            for (int j = 0; j < D; j++) {
+                                mn = b[j] < mn ? b[j] : mn, mx = b[j] > mx ? b[j] : mx;
+                                err = fabsf(a[j] - b[j]) > err ? fabsf(a[j] - b[j]) : err;
+                            }
+                            float step = (mx - mn) / (float)((1 << me.value_bits) - 1);
+                            CHECK(err <= 0.5f * step * 1.01f + 1e-3f, "eager value error %g > half a step %g",
+                                  (double)err, (double)step);
+                        }
+                    }
+                }
+            free(x), free(y);
+            kkv_mem m1, m2;
+            kkv_seq_mem(ce, &m1, se);
+            kkv_seq_mem(cp, &m2, sp);
+            CHECK(m1.total <= m2.total, "eager holds more bytes (%llu > %llu)",
+                  (unsigned long long)m1.total, (unsigned long long)m2.total);
+            if (tu_failed()) break;
+        }
+        /* chunking/flush-order invariance of the eager lifecycle */
+        int s2;
+        kkv_seq_add(ce, &s2);
+        float k[H * D], v[H * D], q[NQ * D];
+        for (int l = L - 1; l >= 0; l--)
+            for (int t = 0; t < 70; t++) {
+                data(k, v, q, t, l);
+                CHECK(kkv_append(ce, s2, l, k, v) == KKV_OK, "append");
+                if (t % 3) kkv_flush(ce, s2, l);
+            }
+        for (int l = 0; l < L; l++) kkv_flush(ce, s2, l);
+        CHECK(same_contents(ce, se, ce, s2), "%s eager: layer order / missing flushes changed "
+              "the state", names[mi]);
+        kkv_cache_free(ce);
+        kkv_cache_free(cp);
+    }
+}
+
+/* ---------------------------------------------------------------- fork */
+
+/* A fork continues exactly as its parent, and exactly as a sequence that
+ * never forked. */
+static void test_fork_continue(const kkv_method *m, const char *what) {
+    kkv_cache *c = mk(m, 32u << 20);
+    if (!c) return;
+    int ref, p, ch;
+    kkv_seq_add(c, &ref);
+    kkv_seq_add(c, &p);
+    uint64_t hr = 0, hc = 0, hp = 0;
+    feed(c, ref, 0, 41, NULL);
+    feed(c, p, 0, 41, NULL);
+    CHECK(kkv_seq_fork(c, &ch, p) == KKV_OK, "fork: %s", kkv_last_error());
+    CHECK(same_contents(c, p, c, ch), "%s: child differs from parent", what);
+    feed(c, ref, 41, 90, &hr);
+    feed(c, ch, 41, 90, &hc);
+    CHECK(hr == hc && same_contents(c, ref, c, ch), "%s: child does not continue as the "
+          "parent would", what);
+    feed(c, p, 41, 90, &hp); /* the parent after its child grew: its shared pages unchanged */
+    CHECK(hp == hr && same_contents(c, ref, c, p), "%s: parent changed by its child", what);
+    kkv_cache_free(c);
+}
+
+static void permute(int *a, int n, int k, void (*fn)(const int *, void *), void *u) {
+    if (k == n) {
+        fn(a, u);
+        return;
+    }
+    for (int i = k; i < n; i++) {
+        int t = a[k];
+        a[k] = a[i], a[i] = t;
+        permute(a, n, k + 1, fn, u);
+        t = a[k], a[k] = a[i], a[i] = t;
+    }
+}
+
+typedef struct tree_ctx {
+    const kkv_method *m;
+    int orders;
+} tree_ctx;
+
+/* Root R (40 tokens) -> A (+20) -> B (+20) -> C (+20), and R -> A2 (+7):
+ * depth 3. Frees in the given order; after each free every survivor still
+ * reads back exactly, and at the end the pool is whole. */
+static void tree_free(const int *order, void *u) {
+    tree_ctx *x = u;
+    enum { N = 5 };
+    kkv_cache *c = mk(x->m, 32u << 20), *rc = mk(x->m, 32u << 20);
+    if (!c || !rc) return;
+    uint64_t f0 = kkv_cache_free_bytes(c);
+    int s[N], r[N]; /* tree sequences, and references built without forks */
+    int ends[N] = {40, 60, 80, 100, 47}, parent[N] = {-1, 0, 1, 2, 0};
+    for (int i = 0; i < N; i++) {
+        if (parent[i] < 0) {
+            kkv_seq_add(c, &s[i]);
+            feed(c, s[i], 0, ends[i], NULL);
+        } else {
+            CHECK(kkv_seq_fork(c, &s[i], s[parent[i]]) == KKV_OK, "fork: %s", kkv_last_error());
+            feed(c, s[i], ends[parent[i]], ends[i], NULL);
+        }
+        kkv_seq_add(rc, &r[i]);
+        feed(rc, r[i], 0, ends[i], NULL);
+    }
+    /* accounting: the pool counts shared pages once */
+    kkv_mem pm, sm;
+    kkv_cache_mem(c, &pm);
+    uint64_t sum_cap = 0, sum_own = 0;
+    for (int i = 0; i < N; i++) {
+        kkv_seq_mem(c, &sm, s[i]);
+        sum_cap += sm.capacity;
+        sum_own += sm.capacity - sm.shared;
+        kkv_mem rm;
+        kkv_seq_mem(rc, &rm, r[i]);
+        CHECK(sm.total == rm.total && sm.tokens == rm.tokens, "fork %d reports other bytes", i);
+    }
+    CHECK(pm.used == f0 - kkv_cache_free_bytes(c), "pool used %llu != handed out %llu",
+          (unsigned long long)pm.used, (unsigned long long)(f0 - kkv_cache_free_bytes(c)));
+    CHECK(pm.used >= sum_own + pm.shared && pm.used < sum_cap, "shared bytes not counted once");
+    CHECK(pm.shared > 0, "nothing shared");
+    int live[N] = {1, 1, 1, 1, 1};
+    for (int k = 0; k < N; k++) {
+        CHECK(kkv_seq_free(c, s[order[k]]) == KKV_OK, "free");
+        live[order[k]] = 0;
+        for (int i = 0; i < N; i++)
+            if (live[i]) CHECK(same_contents(c, s[i], rc, r[i]), "free of %d changed %d", order[k], i);
+    }
+    CHECK(kkv_cache_free_bytes(c) == f0, "pool not whole after freeing the tree (%llu of %llu)",
+          (unsigned long long)kkv_cache_free_bytes(c), (unsigned long long)f0);
+    kkv_cache_mem(c, &pm);
+    CHECK(pm.used == 0 && pm.shared == 0, "accounting left over");
+    x->orders++;
+    kkv_cache_free(c);
+    kkv_cache_free(rc);
+}
+
+static void test_fork(void) {
+    const char *names[] = {"kitty", "fp16", "kivi-k4v4"};
+    for (int mi = 0; mi < 3; mi++)
+        for (int eager = 0; eager < 2; eager++) {
+            kkv_method m = meth(names[mi], 1, eager);
+            test_fork_continue(&m, names[mi]);
+            kkv_method big = meth(names[mi], 0, eager);
+            test_fork_continue(&big, names[mi]);
+            int order[5] = {0, 1, 2, 3, 4};
+            tree_ctx x = {&m, 0};
+            permute(order, 5, 0, tree_free, &x);
+            CHECK(x.orders == 120, "orders %d", x.orders);
+        }
+    /* pool full during fork: everything as it was */
+    kkv_method m = meth("kitty", 1, 0);
+    kkv_cache *c = mk(&m, 32u << 20);
+    int p;
+    kkv_seq_add(c, &p);
+    feed(c, p, 0, 50, NULL);
+    kkv_mem pmem;
+    kkv_seq_mem(c, &pmem, p);
+    kkv_cache_free(c);
+    c = mk(&m, pmem.capacity + 100);
+    kkv_seq_add(c, &p);
+    CHECK(feed(c, p, 0, 50, NULL) == KKV_OK, "feed: %s", kkv_last_error());
+    size_t n0;
+    float *before = contents(c, p, &n0);
+    uint64_t fb = kkv_cache_free_bytes(c);
+    int ch = -7;
+    CHECK(kkv_seq_fork(c, &ch, p) == KKV_ERR_POOL_FULL && *kkv_last_error(), "fork fit");
+    size_t n1;
+    float *after = contents(c, p, &n1);
+    CHECK(ch == -7 && fb == kkv_cache_free_bytes(c) && n0 == n1 && !memcmp(before, after, n0 * 4) &&
+              kkv_seq_len(c, p + 1, 0) == -1, "failed fork changed the cache");
+    CHECK(kkv_seq_fork(c, &ch, 99) == KKV_ERR_NOT_FOUND, "fork of no sequence");
+    free(before), free(after);
+    kkv_cache_free(c);
+}
+
+/* ---------------------------------------------------------------- save / load */
+
+static uint8_t *save(const kkv_cache *c, int seq, const kkv_state_meta *meta, size_t *n) {
+    CHECK(kkv_seq_save(c, NULL, 0, n, seq, meta) == KKV_OK, "size: %s", kkv_last_error());
+    uint8_t *b = malloc(*n);
+    CHECK(kkv_seq_save(c, b, *n, n, seq, meta) == KKV_OK, "save: %s", kkv_last_error());
+    return b;
+}
+
+static void test_state(const kkv_method *m, const char *what, int T, int exhaustive) {
+    kkv_cache *c = mk(m, 32u << 20);
+    if (!c) return;
+    int s, ref;
+    kkv_seq_add(c, &s);
+    kkv_seq_add(c, &ref);
+    feed(c, s, 0, T, NULL);
+    feed(c, ref, 0, T, NULL);
+    int32_t toks[3] = {7, 8, 9};
+    kkv_state_meta meta = {0x1234abcdull, toks, 3};
+    size_t n;
+    uint8_t *st = save(c, s, &meta, &n);
+    kkv_mem mem;
+    kkv_seq_mem(c, &mem, s);
+    CHECK(n <= mem.total + 96 + 8 + 12 + 12 * L, "%s: state %zu bytes, sequence %llu", what, n,
+          (unsigned long long)mem.total);
+    int32_t got[3] = {0, 0, 0};
+    int nt = -1, ld = -1;
+    CHECK(kkv_seq_load(c, &ld, st, n, 0x1234abcdull, got, 3, &nt) == KKV_OK, "%s load: %s", what,
+          kkv_last_error());
+    CHECK(nt == 3 && got[0] == 7 && got[2] == 9, "tokens");
+    CHECK(same_contents(c, s, c, ld), "%s: loaded sequence differs", what);
+    size_t n2;
+    uint8_t *st2 = save(c, ld, &meta, &n2);
+    CHECK(n2 == n && !memcmp(st, st2, n), "%s: save -> load -> save differs", what);
+    free(st2);
+    uint64_t h1 = 0, h2 = 0;
+    feed(c, ref, T, T + 40, &h1);
+    feed(c, ld, T, T + 40, &h2);
+    CHECK(h1 == h2 && same_contents(c, ref, c, ld), "%s: loaded sequence continues otherwise", what);
+    /* a file */
+    const char *path = "test_capacity.state";
+    CHECK(kkv_seq_save_file(c, path, s, &meta) == KKV_OK, "save file: %s", kkv_last_error());
+    int lf;
+    CHECK(kkv_seq_load_file(c, &lf, path, 0x1234abcdull, NULL, 0, NULL) == KKV_OK, "load file: %s",
+          kkv_last_error());
+    CHECK(same_contents(c, s, c, lf), "file round trip");
+    remove(path);
+    CHECK(kkv_seq_load_file(c, &lf, "/nonexistent/x", 0, NULL, 0, NULL) == KKV_ERR_IO, "no file");
+    kkv_seq_free(c, lf);
+    kkv_seq_free(c, ld);
+
+    /* corruption: the cache exactly as before, a one-line reason */
+    uint64_t fb = kkv_cache_free_bytes(c);
+    int next = -1;
+    kkv_seq_add(c, &next);
+    kkv_seq_free(c, next);
+    uint8_t *bad = malloc(n);
+    int flips = 0;
+    for (size_t i = 0; i < n; i += exhaustive ? 1 : 1 + i / 16) {
+        memcpy(bad, st, n);
+        bad[i] ^= (uint8_t)(1u << (i % 8));
+        int x = -5;
+        kkv_status r = kkv_seq_load(c, &x, bad, n, 0x1234abcdull, NULL, 0, NULL);
+        if (r != KKV_ERR_FORMAT || x != -5 || !*kkv_last_error() || strchr(kkv_last_error(), '\n')) {
+            CHECK(0, "%s: flipped byte %zu: status %d (%s)", what, i, (int)r, kkv_last_error());
+            break;
+        }
+        flips++;
+    }
+    for (size_t len = 0; len < n; len += exhaustive ? 1 : 1 + len / 8) {
+        int x = -5;
+        kkv_status r = kkv_seq_load(c, &x, st, len, 0x1234abcdull, NULL, 0, NULL);
+        if (r != KKV_ERR_FORMAT) {
+            CHECK(0, "%s: truncated to %zu: status %d", what, len, (int)r);
+            break;
+        }
+    }
+    CHECK(kkv_seq_load(c, &ld, st, n, 0x999, NULL, 0, NULL) == KKV_ERR_FORMAT &&
+              strstr(kkv_last_error(), "another model"), "fingerprint: %s", kkv_last_error());
+    /* a future version, with a valid checksum */
+    memcpy(bad, st, n);
+    bad[8] = 2;
+    CHECK(kkv_seq_load(c, &ld, bad, n, 0x1234abcdull, NULL, 0, NULL) == KKV_ERR_FORMAT &&
+              strstr(kkv_last_error(), "version"), "future version: %s", kkv_last_error());
+    int32_t one[1];
+    CHECK(kkv_seq_load(c, &ld, st, n, 0x1234abcdull, one, 1, &nt) == KKV_ERR_INVALID_ARG && nt == 3,
+          "small token buffer");
+    int again;
+    kkv_seq_add(c, &again);
+    CHECK(again == next && kkv_cache_free_bytes(c) == fb, "failed loads changed the cache");
+    kkv_seq_free(c, again);
+    /* another method or shape */
+    kkv_method other = *m;
+    other.alpha = other.alpha > 0.5f ? 0.25f : 0.75f;
+    other.fp16 = 0;
+    kkv_cache *c2 = mk(&other, 32u << 20);
+    CHECK(kkv_seq_load(c2, &ld, st, n, 0x1234abcdull, NULL, 0, NULL) == KKV_ERR_FORMAT,
+          "other method accepted");
+    kkv_cache_free(c2);
+    kkv_cache_config cfg = *kkv_cache_get_config(c);
+    cfg.n_kv_heads = 1;
+    c2 = NULL;
+    kkv_cache_create(&c2, &cfg);
+    CHECK(kkv_seq_load(c2, &ld, st, n, 0x1234abcdull, NULL, 0, NULL) == KKV_ERR_FORMAT &&
+              strstr(kkv_last_error(), "shape"), "other shape: %s", kkv_last_error());
+    kkv_cache_free(c2);
+    /* pool full during load */
+    cfg = *kkv_cache_get_config(c);
+    cfg.pool_bytes = mem.capacity / 2;
+    c2 = NULL;
+    kkv_cache_create(&c2, &cfg);
+    uint64_t f2 = kkv_cache_free_bytes(c2);
+    CHECK(kkv_seq_load(c2, &ld, st, n, 0x1234abcdull, NULL, 0, NULL) == KKV_ERR_POOL_FULL &&
+              kkv_cache_free_bytes(c2) == f2, "pool-full load");
+    kkv_cache_free(c2);
+    free(bad);
+    free(st);
+    kkv_cache_free(c);
+}
+
+/* Seeds for tests/fuzz/fuzz_state (its cache shape): KKV_FUZZ_CORPUS=dir. */
+static void write_corpus(const char *dir) {
+    const int lens[] = {0, 3, 17, 40};
+    for (int eager = 0; eager < 2; eager++)
+        for (int i = 0; i < 4; i++) {
+            kkv_method m = meth("kitty", 1, eager);
+            kkv_cache *c = mk(&m, 1u << 20);
+            int s;
+            kkv_seq_add(c, &s);
+            feed(c, s, 0, lens[i], NULL);
+            int32_t toks[2] = {1, 2};
+            kkv_state_meta meta = {0x1234abcdull, toks, 2};
+            char path[512];
+            snprintf(path, sizeof path, "%s/state_%s_%d", dir, eager ? "eager" : "paper", lens[i]);
+            CHECK(kkv_seq_save_file(c, path, s, &meta) == KKV_OK, "%s", kkv_last_error());
+            kkv_cache_free(c);
+        }
+}
+
+int main(void) {
+    if (getenv("KKV_FUZZ_CORPUS")) {
+        write_corpus(getenv("KKV_FUZZ_CORPUS"));
+        return tu_summary();
+    }
+    test_eager();
+    test_fork();
+    const char *names[] = {"kitty", "kitty-pro", "fp16", "kivi-k2v4s"};
+    for (int mi = 0; mi < 4; mi++)
+        for (int eager = 0; eager < 2; eager++) {
+            kkv_method m = meth(names[mi], 1, eager);
+            test_state(&m, names[mi], 61, mi == 0);
+            kkv_method big = meth(names[mi], 0, eager);
+            test_state(&big, names[mi], 300, 0);
+        }
+    return tu_summary();
+}

@@ -1,0 +1,131 @@
+/* Byte-for-byte regression against the cache layout before staging on demand
+ * (issue 13): for several methods and odd shapes, a fixed stream of keys and
+ * values goes through append -> attend -> flush; the attention outputs, every
+ * key page and the read-back K/V are hashed (FNV-1a 64 over their bytes) and
+ * compared with hashes recorded from the previous layout (commit c5d8199,
+ * scalar kernels and the best kernel, 1 and 3 threads). Any change to the
+ * pages' bytes or to what attention computes changes a hash.
+ * KKV_GOLDEN_PRINT=1 prints the table instead of checking it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kittykv.h"
+#include "kittykv_cpu.h"
+#include "testutil.h"
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+typedef struct gcase {
+    const char *name; /* named method, then overrides (0 = keep) */
+    int sink, group, window, D, L, H, n_q, T;
+    uint64_t out_hash, page_hash, read_hash; /* scalar kernel */
+    uint64_t out_avx2;                       /* AVX2 kernel's outputs */
+} gcase;
+
+static gcase cases[] = {
+    {"fp16", 0, 0, 0, 64, 2, 2, 4, 300,
+     0x442c09f31eb0c0ffull, 0x486f56dac9fba0e8ull, 0x6c645b6731bcb762ull, 0x04666f5da809c500ull},
+    {"kivi-k2v2", 0, 0, 0, 64, 2, 2, 4, 400,
+     0x78a035f2e49da522ull, 0xaf32973cb18c740dull, 0xd7f394bdf7337678ull, 0xa98f3b6a4fd3a7d7ull},
+    {"kivi-k4v4", 0, 0, 0, 20, 2, 1, 3, 333,
+     0xea30944990c66f68ull, 0x22ec02ab20ed3dcdull, 0x0896cd572ef5e337ull, 0x47e4d466040893adull},
+    {"kivi-k2v4s", 0, 0, 0, 36, 1, 2, 2, 290,
+     0x939633e10b83efe0ull, 0x12f521d6c8b8e46bull, 0x52e2a7e670a12866ull, 0xa1eb5e182c8fd612ull},
+    {"kitty", 0, 0, 0, 64, 2, 2, 6, 420,
+     0x4509366db0972355ull, 0x40c581adb83f7322ull, 0x8897e31416de6474ull, 0x13be201202903c66ull},
+    {"kitty-pro", 0, 16, 24, 28, 3, 1, 2, 211,
+     0x242832acff5ba4c7ull, 0x9a9c4ad35fd33424ull, 0x9d4ff4f39ad61197ull, 0x7f5cbf77e96c35dcull},
+    {"kitty", 5, 8, 3, 12, 2, 3, 3, 97,
+     0x6f19bcd18a2ad2d8ull, 0xa828c314bfa1589full, 0x07c12d81156e191cull, 0x610cf68208918749ull},
+    {"kitty", 33, 12, 40, 16, 1, 1, 1, 250,
+     0xa97ec7bee42c6ed3ull, 0x6149d02739c592cfull, 0x13b032b8056ac0afull, 0x6febeee8c15e9996ull},
+};
+#define N_CASES (int)(sizeof cases / sizeof cases[0])
+
+/* Runs a case; returns the three hashes. */
+static void run_case(const gcase *g, kkv_kernel kern, int threads, uint64_t h[3]) {
+    kkv_method m;
+    kkv_method_from_name(&m, g->name);
+    if (g->sink) m.sink = g->sink;
+    if (g->group) m.group = g->group;
+    if (g->window) m.window = g->window;
+    kkv_cache_config cfg = {.n_layers = g->L, .n_kv_heads = g->H, .head_dim = g->D,
+                            .pool_bytes = 256u << 20, .n_threads = threads, .method = m};
+    kkv_cache *c = NULL;
+    h[0] = h[1] = h[2] = 0xcbf29ce484222325ull;
+    CHECK(kkv_cache_create(&c, &cfg) == KKV_OK, "create %s: %s", g->name, kkv_last_error());
+    if (!c) return;
+    CHECK(kkv_cache_set_kernel(c, kern) == KKV_OK, "kernel");
+    int seq;
+    kkv_seq_add(c, &seq);
+    size_t HD = (size_t)g->H * g->D;
+    float *k = malloc(HD * sizeof *k), *v = malloc(HD * sizeof *v); /* [H][D] */
+    float *q = malloc((size_t)g->n_q * g->D * sizeof *q);             /* [n_q][D] */
+    float *o = malloc((size_t)g->n_q * g->D * sizeof *o);             /* [n_q][D] */
+    tu_rng r = tu_rng_make(1234);
+    for (int t = 0; t < g->T; t++) {
+        for (int l = 0; l < g->L; l++) {
+            for (size_t i = 0; i < HD; i++) {
+                k[i] = tu_normal(&r) * (1.0f + (float)(i % 7));
+                v[i] = tu_normal(&r);
+            }
+            for (int i = 0; i < g->n_q * g->D; i++) q[i] = tu_normal(&r);
+            CHECK(kkv_append(c, seq, l, k, v) == KKV_OK, "append");
+            CHECK(kkv_attend(c, o, seq, l, q, g->n_q) == KKV_OK, "attend");
+            h[0] = fnv(h[0], o, (size_t)g->n_q * g->D * sizeof *o);
+            CHECK(kkv_flush(c, seq, l) == KKV_OK, "flush");
+        }
+    }
+    kkv_method_check(&m, g->D);
+    size_t kb = m.fp16 ? (size_t)m.group * g->D * 2
+                       : kkv_key_page_bytes(g->D, m.group, kkv_method_boost(&m, g->D));
+    uint8_t *pg = malloc(kb);
+    float *rk = malloc((size_t)g->T * g->D * sizeof *rk), *rv = malloc((size_t)g->T * g->D * sizeof *rv);
+    for (int l = 0; l < g->L; l++)
+        for (int hh = 0; hh < g->H; hh++) {
+            for (int p = 0; kkv_seq_key_page(c, pg, kb, seq, l, hh, p) == KKV_OK; p++)
+                h[1] = fnv(h[1], pg, kb);
+            CHECK(kkv_seq_read(c, rk, rv, seq, l, hh) == KKV_OK, "read");
+            h[2] = fnv(h[2], rk, (size_t)g->T * g->D * sizeof *rk);
+            h[2] = fnv(h[2], rv, (size_t)g->T * g->D * sizeof *rv);
+        }
+    free(pg), free(rk), free(rv), free(k), free(v), free(q), free(o);
+    kkv_cache_free(c);
+}
+
+int main(void) {
+    int print = getenv("KKV_GOLDEN_PRINT") != NULL;
+    for (int i = 0; i < N_CASES; i++) {
+        gcase *g = &cases[i];
+        uint64_t ref[3], h[3], a2[3] = {0, 0, 0};
+        run_case(g, KKV_KERNEL_SCALAR, 1, ref);
+        int has_avx2 = kkv_kernel_best() >= KKV_KERNEL_AVX2;
+        if (has_avx2) run_case(g, KKV_KERNEL_AVX2, 2, a2);
+        if (print) {
+            printf("    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d,\n     0x%016llxull, 0x%016llxull, "
+                   "0x%016llxull, 0x%016llxull},\n", g->name, g->sink, g->group, g->window, g->D,
+                   g->L, g->H, g->n_q, g->T, (unsigned long long)ref[0],
+                   (unsigned long long)ref[1], (unsigned long long)ref[2],
+                   (unsigned long long)a2[0]);
+            continue;
+        }
+        if (has_avx2)
+            CHECK(a2[0] == g->out_avx2 && a2[1] == ref[1], "case %d (%s): AVX2 outputs %016llx "
+                  "differ from the previous layout's", i, g->name, (unsigned long long)a2[0]);
+        CHECK(ref[0] == g->out_hash && ref[1] == g->page_hash && ref[2] == g->read_hash,
+              "case %d (%s): hashes %016llx %016llx %016llx differ from the previous layout's",
+              i, g->name, (unsigned long long)ref[0], (unsigned long long)ref[1],
+              (unsigned long long)ref[2]);
+        /* pages are kernel-independent; every kernel agrees with itself across threads */
+        uint64_t h1[3];
+        run_case(g, KKV_KERNEL_AUTO, 1, h1);
+        run_case(g, KKV_KERNEL_AUTO, 3, h);
+        CHECK(h1[1] == ref[1] && h[1] == ref[1], "case %d: best-kernel pages differ", i);
+        CHECK(h1[0] == h[0] && h1[2] == h[2], "case %d: thread count changed the result", i);
+    }
+    return print ? 0 : tu_summary();
+}
