@@ -71,9 +71,10 @@ typedef struct srv_metrics {
 
 /* A finished sequence kept in the pool with the tokens it holds: a later
  * prompt that starts with all of them (the next turn of a conversation)
- * continues it instead of recomputing them. Without kkv_seq_fork an entry is
- * taken over by one request; with fork it would be forked per request, so a
- * shared system prompt serves many (the lookup, LRU and eviction stay). */
+ * continues it instead of recomputing them. An entry is taken over by one
+ * request; forking it per request (kkv_seq_fork) and cutting entries at a
+ * system prompt's end would let one prefix serve many (lookup, LRU and
+ * eviction stay as they are). */
 typedef struct srv_prefix {
     int      seq;
     int32_t *tokens; /* [n] owned */
