@@ -32,7 +32,9 @@ install(TARGETS kittykv kittykv_shared kittykv_model kittykv_model_shared
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(TARGETS kittykv_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(TARGET kittykv_cli)
+  install(TARGETS kittykv_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
 install(EXPORT kittykvTargets NAMESPACE kittykv::
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kittykv)
 

