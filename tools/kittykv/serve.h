@@ -1,7 +1,8 @@
 /* kittykv serve: shared declarations of the scheduler (serve_sched.c), the
- * HTTP front end (serve_http.c), chat templates (serve_chat.c) and the command
- * (cmd_serve.c). One scheduler thread owns the model and the cache; HTTP
- * threads only submit requests and read their published text, under srv.mu. */
+ * HTTP front end (serve_http.c), request parsing (serve_req.c), chat templates
+ * (serve_chat.c) and the command (cmd_serve.c). One scheduler thread owns
+ * the model and the cache; HTTP threads only submit requests and read their
+ * published text, under srv.mu. */
 #ifndef KKV_SERVE_H
 #define KKV_SERVE_H
 
@@ -125,6 +126,45 @@ void srv_release(srv *s, srv_req *r);
 srv_req *srv_req_new(void);
 /* Counts a finished HTTP exchange in the metrics. */
 void srv_count_status(srv *s, int status);
+
+/* Request bodies (serve_req.c): pure, needing neither the model nor the
+ * scheduler (tests/fuzz/fuzz_serve_req.c runs it alone). */
+typedef struct srv_req_limits {
+    int ctx; /* tokens per sequence: max_tokens >= ctx is refused; <= 0: no check */
+} srv_req_limits;
+
+typedef struct srv_parsed_req {
+    int   chat;                 /* 1: /v1/chat/completions, 0: /v1/completions */
+    int   stream, include_usage, ignore_eos; /* 0 or 1 */
+    int   have_max, max_tokens; /* max_tokens in [1, ctx) when have_max, else 0 */
+    kkv_sampler_params sp;      /* valid for kkv_sampler_create; seed drawn if not given */
+    char *stop[SRV_MAX_STOP];   /* [n_stop] owned, 1..SRV_MAX_STOP_LEN bytes each */
+    int   n_stop;
+    char *prompt;               /* completion: the prompt text, owned; chat: NULL */
+    const char **roles;         /* chat: [n_msgs] owned array of "system", "user" or
+                                 * "assistant" (static strings) */
+    char **contents;            /* chat: [n_msgs] owned array of owned texts */
+    int   n_msgs;               /* chat: >= 1 */
+} srv_parsed_req;
+
+typedef struct srv_req_err {
+    int         status;   /* HTTP status, 400..599 */
+    const char *param;    /* the offending field (static storage), or NULL */
+    const char *code;     /* OpenAI error code (static storage), or NULL */
+    char        msg[300]; /* one line of printable ASCII */
+} srv_req_err;
+
+/* Parses body [n] bytes (need not be NUL-terminated) as a chat or completion
+ * request under lim (NULL: none). 0 with *out filled (free it with
+ * srv_parsed_req_free), or the HTTP status with *e filled and nothing owned
+ * in *out. Thread-safe. */
+int  srv_parse_req(const char *body, size_t n, int chat, const srv_req_limits *lim,
+                   srv_parsed_req *out, srv_req_err *e);
+/* Frees what *o owns and zeroes it; NULL and a zeroed or freed *o are fine. */
+void srv_parsed_req_free(srv_parsed_req *o);
+/* After tokenizing: 0 if n_prompt tokens plus max_tokens fit in ctx, else 400
+ * (context_length_exceeded) with *e filled. */
+int  srv_req_fits(const srv_parsed_req *o, int n_prompt, int ctx, srv_req_err *e);
 
 /* Chat templates (serve_chat.c). */
 /* Picks the template family from the model (or the override name). 0, or -1

@@ -6,7 +6,6 @@
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <math.h>
 #include <microhttpd.h>
 #include <poll.h>
 #include <stdio.h>
@@ -74,221 +73,12 @@ static enum MHD_Result send_error(struct MHD_Connection *c, srv *s, int status, 
     return send_json(c, s, status, error_obj(status, msg, param, code));
 }
 
-/* ---- request parsing */
+/* ---- request parsing: serve_req.c; chat turns rendered here (needs the model) */
 
-typedef struct req_opts {
-    int   stream, include_usage, have_max, ignore_eos;
-    int   max_tokens;
-    kkv_sampler_params sp;
-    char *stop[SRV_MAX_STOP];
-    int   n_stop;
-} req_opts;
-
-static void opts_free(req_opts *o) {
-    for (int i = 0; i < o->n_stop; i++) free(o->stop[i]);
-    o->n_stop = 0;
-}
-
-/* A number field in [lo, hi] (integer if want_int); absent or null keeps *out.
- * 0, or -1 with the message in err. */
-static int get_num(const cJSON *root, const char *key, double lo, double hi, int want_int,
-                   double *out, char *err, size_t cap) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) ||
-        (want_int && v->valuedouble != floor(v->valuedouble))) {
-        snprintf(err, cap, "'%s' must be %s", key, want_int ? "an integer" : "a number");
-        return -1;
-    }
-    if (v->valuedouble < lo || v->valuedouble > hi) {
-        snprintf(err, cap, "'%s' = %g is out of range [%g, %g]", key, v->valuedouble, lo, hi);
-        return -1;
-    }
-    *out = v->valuedouble;
-    return 0;
-}
-
-static int parse_opts(srv *s, const cJSON *root, req_opts *o, char *err, size_t cap,
-                      const char **param) {
-    memset(o, 0, sizeof *o);
-    o->sp = kkv_sampler_defaults();
-    o->sp.repeat_penalty = 1.0f;
-    double temp = 1.0, top_p = 1.0, top_k = 0, min_p = 0, n = 1, mx = -1, seed = -1;
-    static uint64_t seed_ctr;
-    const char *keys[] = {"temperature", "top_p", "top_k", "min_p", "n", "max_tokens",
-                          "max_completion_tokens", "seed"};
-    double *dst[] = {&temp, &top_p, &top_k, &min_p, &n, &mx, &mx, &seed};
-    const double lo[] = {0, 0, 0, 0, 1, 1, 1, 0};
-    const double hi[] = {2, 1, 1e9, 1, 1, 1e9, 1e9, 9007199254740991.0};
-    const int isint[] = {0, 0, 1, 0, 1, 1, 1, 1};
-    for (int i = 0; i < 8; i++) {
-        if (get_num(root, keys[i], lo[i], hi[i], isint[i], dst[i], err, cap)) {
-            *param = keys[i];
-            return -1;
-        }
-    }
-    if (top_p <= 0) {
-        snprintf(err, cap, "'top_p' must be in (0, 1]");
-        *param = "top_p";
-        return -1;
-    }
-    if (min_p >= 1) {
-        snprintf(err, cap, "'min_p' must be in [0, 1)");
-        *param = "min_p";
-        return -1;
-    }
-    o->sp.temp = (float)temp;
-    o->sp.top_p = (float)top_p;
-    o->sp.top_k = (int)top_k;
-    o->sp.min_p = (float)min_p;
-    if (seed >= 0) {
-        o->sp.seed = (uint64_t)seed;
-    } else { /* unseeded requests still differ from each other */
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t st = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^
-                      __atomic_add_fetch(&seed_ctr, 1, __ATOMIC_RELAXED);
-        o->sp.seed = kkv_rng_next(&st);
-    }
-    o->have_max = mx >= 1;
-    o->max_tokens = o->have_max ? (int)mx : 0;
-
-    const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "stream");
-    if (st && !cJSON_IsNull(st)) {
-        if (!cJSON_IsBool(st)) {
-            snprintf(err, cap, "'stream' must be a boolean");
-            *param = "stream";
-            return -1;
-        }
-        o->stream = cJSON_IsTrue(st);
-    }
-    const cJSON *ie = cJSON_GetObjectItemCaseSensitive(root, "ignore_eos");
-    if (ie && !cJSON_IsNull(ie)) {
-        if (!cJSON_IsBool(ie)) {
-            snprintf(err, cap, "'ignore_eos' must be a boolean");
-            *param = "ignore_eos";
-            return -1;
-        }
-        o->ignore_eos = cJSON_IsTrue(ie);
-    }
-    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
-    if (so && cJSON_IsObject(so)) {
-        const cJSON *iu = cJSON_GetObjectItemCaseSensitive(so, "include_usage");
-        o->include_usage = iu && cJSON_IsTrue(iu);
-    }
-    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
-    if (stop && !cJSON_IsNull(stop)) {
-        const cJSON *one = cJSON_IsString(stop) ? stop : NULL;
-        int bad = !one && !cJSON_IsArray(stop);
-        if (!bad && !one && cJSON_GetArraySize(stop) > SRV_MAX_STOP) bad = 1;
-        for (const cJSON *e = one ? one : (bad ? NULL : stop->child); e && !bad;
-             e = one ? NULL : e->next) {
-            size_t L = cJSON_IsString(e) ? strlen(e->valuestring) : 0;
-            if (!cJSON_IsString(e) || L == 0 || L > SRV_MAX_STOP_LEN) {
-                bad = 1;
-                break;
-            }
-            if (!(o->stop[o->n_stop] = strdup(e->valuestring))) bad = 1;
-            else o->n_stop++;
-        }
-        if (bad) {
-            opts_free(o);
-            snprintf(err, cap, "'stop' must be a non-empty string or an array of at most %d "
-                     "such strings (%d bytes each at most)", SRV_MAX_STOP, SRV_MAX_STOP_LEN);
-            *param = "stop";
-            return -1;
-        }
-    }
-    (void)s;
-    return 0;
-}
-
-/* Message content: a string, or an array of {"type":"text","text":...} parts. */
-static char *content_text(const cJSON *c) {
-    if (!c || cJSON_IsNull(c)) return strdup("");
-    if (cJSON_IsString(c)) return strdup(c->valuestring);
-    if (!cJSON_IsArray(c)) return NULL;
-    size_t n = 0;
-    for (const cJSON *p = c->child; p; p = p->next) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "text");
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
-        if (!cJSON_IsString(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text"))
-            return NULL;
-        n += strlen(t->valuestring);
-    }
-    char *out = malloc(n + 1);
-    if (!out) return NULL;
-    out[0] = 0;
-    for (const cJSON *p = c->child; p; p = p->next)
-        strcat(out, cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring);
-    return out;
-}
-
-/* The chat prompt, rendered in the model's template. NULL with err set. */
-static char *chat_prompt(srv *s, const cJSON *root, char *err, size_t cap, const char **param) {
-    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
-    *param = "messages";
-    if (!msgs) {
-        snprintf(err, cap, "'messages' is required");
-        return NULL;
-    }
-    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) {
-        snprintf(err, cap, "'messages' must be a non-empty array");
-        return NULL;
-    }
-    int n = cJSON_GetArraySize(msgs);
-    const char **roles = calloc((size_t)n, sizeof *roles);
-    char **texts = calloc((size_t)n, sizeof *texts);
-    char *prompt = NULL;
-    int i = 0;
-    if (!roles || !texts) {
-        snprintf(err, cap, "out of memory");
-        goto done;
-    }
-    for (const cJSON *m = msgs->child; m; m = m->next, i++) {
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
-            snprintf(err, cap, "messages[%d] must be an object with a string 'role'", i);
-            goto done;
-        }
-        const char *r = role->valuestring;
-        if (!strcmp(r, "developer")) r = "system";
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
-            snprintf(err, cap, "messages[%d].role '%.40s' is not system, user or assistant", i,
-                     r);
-            goto done;
-        }
-        roles[i] = r;
-        texts[i] = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"));
-        if (!texts[i]) {
-            snprintf(err, cap, "messages[%d].content must be a string or an array of text "
-                     "parts", i);
-            goto done;
-        }
-    }
-    prompt = srv_chat_render(s, roles, (const char *const *)texts, n, err, cap);
-done:
-    for (int k = 0; texts && k < n; k++) free(texts[k]);
-    free(texts);
-    free(roles);
-    return prompt;
-}
-
-static char *completion_prompt(const cJSON *root, char *err, size_t cap, const char **param) {
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    *param = "prompt";
-    if (p && cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1) p = p->child;
-    if (!p) {
-        snprintf(err, cap, "'prompt' is required");
-        return NULL;
-    }
-    if (!cJSON_IsString(p)) {
-        snprintf(err, cap, "'prompt' must be a string (or an array of one string)");
-        return NULL;
-    }
-    char *t = strdup(p->valuestring);
-    if (!t) snprintf(err, cap, "out of memory");
-    return t;
+/* The chat prompt in the model's template; NULL with err set. */
+static char *chat_prompt(srv *s, const srv_parsed_req *p, char *err, size_t cap) {
+    return srv_chat_render(s, p->roles, (const char *const *)p->contents, p->n_msgs, err,
+                           cap);
 }
 
 /* ---- peers */
@@ -492,27 +282,19 @@ static enum MHD_Result completions(struct MHD_Connection *c, srv_http *h, conn_c
                                    int chat) {
     srv *s = h->s;
     char err[300];
-    const char *param = NULL;
     if (cx->too_big) {
         snprintf(err, sizeof err, "request body exceeds %zu bytes", h->body_limit);
         return send_error(c, s, 413, err, NULL, "request_too_large");
     }
-    cJSON *root = cJSON_ParseWithLength(cx->body ? cx->body : "", cx->n);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return send_error(c, s, 400, "the body is not a JSON object", NULL, "invalid_json");
-    }
-    req_opts o;
-    if (parse_opts(s, root, &o, err, sizeof err, &param)) {
-        cJSON_Delete(root);
-        return send_error(c, s, 400, err, param, NULL);
-    }
-    char *text = chat ? chat_prompt(s, root, err, sizeof err, &param)
-                      : completion_prompt(root, err, sizeof err, &param);
-    cJSON_Delete(root);
+    srv_parsed_req o;
+    srv_req_err pe;
+    srv_req_limits lim = {.ctx = s->ctx};
+    if (srv_parse_req(cx->body, cx->n, chat, &lim, &o, &pe))
+        return send_error(c, s, pe.status, pe.msg, pe.param, pe.code);
+    char *text = chat ? chat_prompt(s, &o, err, sizeof err) : o.prompt;
     if (!text) {
-        opts_free(&o);
-        return send_error(c, s, 400, err, param, NULL);
+        srv_parsed_req_free(&o);
+        return send_error(c, s, 400, err, "messages", NULL);
     }
     int32_t *toks = NULL;
     int n = 0;
@@ -520,23 +302,22 @@ static enum MHD_Result completions(struct MHD_Connection *c, srv_http *h, conn_c
     kkv_status ts = kkv_tokenize_alloc(s->vocab, &toks, &n, text, strlen(text), 1, chat);
     if (ts != KKV_OK) snprintf(err, sizeof err, "tokenizing: %s", kkv_last_error());
     pthread_mutex_unlock(&s->tok_mu);
-    free(text);
+    if (chat) free(text); /* a completion's text is o.prompt, freed with o */
     if (ts != KKV_OK || n == 0) {
         free(toks);
-        opts_free(&o);
-        return send_error(c, s, 400, ts != KKV_OK ? err : "the prompt is empty", param, NULL);
+        srv_parsed_req_free(&o);
+        return send_error(c, s, 400, ts != KKV_OK ? err : "the prompt is empty",
+                          chat ? "messages" : "prompt", NULL);
     }
-    if (n >= s->ctx || (o.have_max && o.max_tokens > s->ctx - n)) {
-        snprintf(err, sizeof err, "this model's context is %d tokens; the prompt has %d and "
-                 "max_tokens asks for %d more", s->ctx, n, o.have_max ? o.max_tokens : 1);
+    if (srv_req_fits(&o, n, s->ctx, &pe)) {
         free(toks);
-        opts_free(&o);
-        return send_error(c, s, 400, err, "max_tokens", "context_length_exceeded");
+        srv_parsed_req_free(&o);
+        return send_error(c, s, pe.status, pe.msg, pe.param, pe.code);
     }
     srv_req *r = srv_req_new();
     if (!r) {
         free(toks);
-        opts_free(&o);
+        srv_parsed_req_free(&o);
         return send_error(c, s, 500, "out of memory", NULL, NULL);
     }
     r->prompt = toks;
@@ -546,7 +327,9 @@ static enum MHD_Result completions(struct MHD_Connection *c, srv_http *h, conn_c
     r->ignore_eos = o.ignore_eos;
     for (int i = 0; i < o.n_stop; i++) r->stop[i] = o.stop[i];
     r->n_stop = o.n_stop;
-    o.n_stop = 0;
+    o.n_stop = 0; /* the stops are r's now */
+    int stream = o.stream, include_usage = o.include_usage;
+    srv_parsed_req_free(&o);
     int status = srv_submit(s, r, err, sizeof err);
     if (status) {
         srv_release(s, r);
@@ -562,14 +345,14 @@ static enum MHD_Result completions(struct MHD_Connection *c, srv_http *h, conn_c
 
     /* A streamed answer commits to status 200 with its headers: first wait until
      * the request is out of the queue, so a rejection still gets its 503. */
-    if (wait_req(s, r, fd, o.stream)) {
+    if (wait_req(s, r, fd, stream)) {
         srv_release(s, r);
         return MHD_NO; /* the client left: drop the connection */
     }
     pthread_mutex_lock(&s->mu);
     int rejected = r->err_status;
     pthread_mutex_unlock(&s->mu);
-    if (o.stream && !rejected) {
+    if (stream && !rejected) {
         stream_st *st = calloc(1, sizeof *st);
         struct MHD_Response *resp =
             st ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read,
@@ -583,7 +366,7 @@ static enum MHD_Result completions(struct MHD_Connection *c, srv_http *h, conn_c
         st->s = s;
         st->r = r;
         st->chat = chat;
-        st->include_usage = o.include_usage;
+        st->include_usage = include_usage;
         st->fd = fd;
         snprintf(st->id, sizeof st->id, "%s", id);
         st->created = created;
