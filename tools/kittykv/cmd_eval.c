@@ -117,26 +117,9 @@ int cmd_eval(int argc, char **argv) {
     int rc = parse(&o, argc, argv);
     if (rc) return rc < 0 ? 0 : rc;
 
-    char err[512];
     cli_spec specs[MAX_SPECS];
-    int n_specs;
-    if (o.methods) {
-        n_specs = cli_spec_list(specs, MAX_SPECS, o.methods, err, sizeof err);
-        if (n_specs < 0) {
-            fprintf(stderr, "kittykv " CMD ": --kv: %s\n", err);
-            return 2;
-        }
-        for (int i = 0; i < n_specs; i++)
-            if (specs[i].method.select == KKV_SELECT_EXPLICIT) {
-                fprintf(stderr, "kittykv " CMD ": --kv: select=oracle needs channel "
-                        "rankings; only `kittykv analyze ablation` computes them\n");
-                return 2;
-            }
-    } else {
-        n_specs = 0;
-        for (const char *const *nm = kkv_method_names(); *nm; nm++)
-            cli_spec_parse(&specs[n_specs++], *nm, err, sizeof err);
-    }
+    int n_specs = cli_spec_list_or_all(specs, MAX_SPECS, o.methods, CMD);
+    if (n_specs < 0) return 2;
 
     o.threads = cli_threads(o.threads, CMD);
     kkv_threadpool *tp = NULL; /* shared by the model and every method's cache */

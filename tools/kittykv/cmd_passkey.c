@@ -163,26 +163,10 @@ int cmd_passkey(int argc, char **argv) {
     opts o;
     int rc = parse(&o, argc, argv);
     if (rc) return rc < 0 ? 0 : rc;
-    char err[512];
     cli_spec specs[MAX_SPECS];
     const char *names[MAX_SPECS];
-    int n_specs = 0;
-    if (o.methods) {
-        n_specs = cli_spec_list(specs, MAX_SPECS, o.methods, err, sizeof err);
-        if (n_specs < 0) {
-            fprintf(stderr, "kittykv " CMD ": --kv: %s\n", err);
-            return 2;
-        }
-        for (int s = 0; s < n_specs; s++)
-            if (specs[s].method.select == KKV_SELECT_EXPLICIT) {
-                fprintf(stderr, "kittykv " CMD ": --kv: select=oracle is for `kittykv "
-                        "analyze ablation` only\n");
-                return 2;
-            }
-    } else {
-        for (const char *const *nm = kkv_method_names(); *nm; nm++)
-            cli_spec_parse(&specs[n_specs++], *nm, err, sizeof err);
-    }
+    int n_specs = cli_spec_list_or_all(specs, MAX_SPECS, o.methods, CMD);
+    if (n_specs < 0) return 2;
     for (int s = 0; s < n_specs; s++) names[s] = specs[s].name;
 
     const size_t n_cells = (size_t)n_specs * o.n_lengths * o.n_depths;

@@ -220,3 +220,25 @@ int cli_model_load(kkv_model **m, const char *path, kkv_threadpool *tp, const ch
     }
     return 0;
 }
+
+int cli_spec_list_or_all(cli_spec *out, int cap, const char *list, const char *cmd) {
+    char err[512];
+    int n = 0;
+    if (!list) {
+        for (const char *const *nm = kkv_method_names(); *nm && n < cap; nm++)
+            cli_spec_parse(&out[n++], *nm, err, sizeof err);
+        return n;
+    }
+    n = cli_spec_list(out, cap, list, err, sizeof err);
+    if (n < 0) {
+        fprintf(stderr, "kittykv %s: --kv: %s\n", cmd, err);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (out[i].method.select == KKV_SELECT_EXPLICIT) {
+            fprintf(stderr, "kittykv %s: --kv: select=oracle needs channel rankings; only "
+                    "`kittykv analyze ablation` computes them\n", cmd);
+            return -1;
+        }
+    return n;
+}
