@@ -17,34 +17,8 @@
 #include "kittykv_model.h"
 #include "model/tokenizer.h"
 #include "testutil.h"
+#include "tu_bytes.h"
 
-typedef struct wbuf {
-    unsigned char *p; /* [cap] */
-    size_t         n, cap;
-} wbuf;
-
-static void put(wbuf *b, const void *src, size_t n) {
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
-        if (!b->p) abort();
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-static void put_u32(wbuf *b, uint32_t v) {
-    unsigned char t[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
-                          (unsigned char)(v >> 24)};
-    put(b, t, 4);
-}
-static void put_u64(wbuf *b, uint64_t v) {
-    put_u32(b, (uint32_t)v);
-    put_u32(b, (uint32_t)(v >> 32));
-}
-static void put_str(wbuf *b, const char *s) {
-    put_u64(b, strlen(s));
-    put(b, s, strlen(s));
-}
 static void kv_str(wbuf *b, const char *k, const char *v) {
     put_str(b, k);
     put_u32(b, 8);

@@ -25,6 +25,7 @@
 #include "kittykv_model.h"
 #include "model/ops.h"
 #include "testutil.h"
+#include "tu_bytes.h"
 
 #ifndef KKV_SOURCE_DIR
 #define KKV_SOURCE_DIR "."
@@ -32,38 +33,6 @@
 
 /* ---------------------------------------------------------------- GGUF writer */
 
-typedef struct wbuf {
-    unsigned char *p; /* [cap] */
-    size_t         n, cap;
-} wbuf;
-
-static void put(wbuf *b, const void *src, size_t n) {
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
-        if (!b->p) abort();
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-static void put_u32(wbuf *b, uint32_t v) {
-    unsigned char t[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
-                          (unsigned char)(v >> 24)};
-    put(b, t, 4);
-}
-static void put_u64(wbuf *b, uint64_t v) {
-    put_u32(b, (uint32_t)v);
-    put_u32(b, (uint32_t)(v >> 32));
-}
-static void put_f32(wbuf *b, float v) {
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    put_u32(b, u);
-}
-static void put_str(wbuf *b, const char *s) {
-    put_u64(b, strlen(s));
-    put(b, s, strlen(s));
-}
 
 /* A tiny llama GGUF: 1 layer, n_embd 32, 1 head, n_ff 32, vocab 4, all F32.
  * Knobs: arch name, whether block_count is present, a tensor whose type is
