@@ -394,6 +394,21 @@ void kkv_avx2i_qk_page(float *s, const float *q, int n_rep, const uint8_t *page,
 
 /* ================================================================ values */
 
+/* Adds the int16 accumulators acc[2] of 16 channels into the int32 sums dst
+ * [16] and clears them. The two lanes hold token pairs (t, t+1) and
+ * (t+2, t+3) of the same channels. */
+AI void pv_spill(int32_t *dst, __m256i *acc) {
+    __m256i s0 = acc[0], s1 = acc[1];
+    __m256i l0 = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s0)),
+                                  _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s0, 1)));
+    __m256i l1 = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s1)),
+                                  _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s1, 1)));
+    __m256i *d0 = (__m256i *)(void *)dst, *d1 = (__m256i *)(void *)(dst + 8);
+    _mm256_storeu_si256(d0, _mm256_add_epi32(_mm256_loadu_si256(d0), l0));
+    _mm256_storeu_si256(d1, _mm256_add_epi32(_mm256_loadu_si256(d1), l1));
+    acc[0] = acc[1] = _mm256_setzero_si256();
+}
+
 /* Integer sums of RB heads for the codes of one 16-byte column chunk (cb
  * bytes present) and one plane shift k over n tokens (a multiple of 4).
  * wv: [RB][n/4][32] weight vectors: lane 0 (w_t, w_t+1) x 8, lane 1
@@ -408,19 +423,7 @@ AI void pv_int_plane(int32_t *a32, int per, const uint8_t *wv, size_t ldwv, cons
     int run = 0;
     for (int t = 0; t < n; t += 4) {
         if (run == per_flush) {
-            for (int r = 0; r < RB; r++) {
-                int32_t *dst = a32 + ((size_t)r * per + (size_t)k) * 16;
-                __m256i s0 = acc[r][0], s1 = acc[r][1];
-                /* the two lanes hold token pairs (t, t+1) and (t+2, t+3) of the same channels */
-                __m256i l0 = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s0)),
-                                              _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s0, 1)));
-                __m256i l1 = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s1)),
-                                              _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s1, 1)));
-                __m256i *d0 = (__m256i *)(void *)dst, *d1 = (__m256i *)(void *)(dst + 8);
-                _mm256_storeu_si256(d0, _mm256_add_epi32(_mm256_loadu_si256(d0), l0));
-                _mm256_storeu_si256(d1, _mm256_add_epi32(_mm256_loadu_si256(d1), l1));
-                acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-            }
+            for (int r = 0; r < RB; r++) pv_spill(a32 + ((size_t)r * per + (size_t)k) * 16, acc[r]);
             run = 0;
         }
         const uint8_t *row = codes + (size_t)t * rowb;
@@ -436,17 +439,7 @@ AI void pv_int_plane(int32_t *a32, int per, const uint8_t *wv, size_t ldwv, cons
         }
         run++;
     }
-    for (int r = 0; r < RB; r++) {
-        int32_t *dst = a32 + ((size_t)r * per + (size_t)k) * 16;
-        __m256i s0 = acc[r][0], s1 = acc[r][1];
-        __m256i l0 = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s0)),
-                                      _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s0, 1)));
-        __m256i l1 = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s1)),
-                                      _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s1, 1)));
-        __m256i *d0 = (__m256i *)(void *)dst, *d1 = (__m256i *)(void *)(dst + 8);
-        _mm256_storeu_si256(d0, _mm256_add_epi32(_mm256_loadu_si256(d0), l0));
-        _mm256_storeu_si256(d1, _mm256_add_epi32(_mm256_loadu_si256(d1), l1));
-    }
+    for (int r = 0; r < RB; r++) pv_spill(a32 + ((size_t)r * per + (size_t)k) * 16, acc[r]);
 }
 
 /* ap[r][ch] += e[r] * I for the channels of one column chunk: byte i, plane k
