@@ -44,16 +44,6 @@ static const wt_info WT_INFO[] = {
 };
 #define WT_N_INFO (sizeof WT_INFO / sizeof WT_INFO[0])
 
-int kkv_wt_supported(uint32_t type) {
-    switch (type) {
-    case KKV_WT_F32: case KKV_WT_F16: case KKV_WT_BF16:
-    case KKV_WT_Q4_0: case KKV_WT_Q4_1: case KKV_WT_Q5_0: case KKV_WT_Q5_1: case KKV_WT_Q8_0:
-    case KKV_WT_Q2_K: case KKV_WT_Q3_K: case KKV_WT_Q4_K: case KKV_WT_Q5_K: case KKV_WT_Q6_K:
-        return 1;
-    default: return 0;
-    }
-}
-
 int kkv_wt_block_elems(uint32_t type) {
     return type < WT_N_INFO ? WT_INFO[type].elems : 0;
 }
@@ -283,53 +273,40 @@ static void deq_q5_k(float *y, const uint8_t *b) {
     }
 }
 
+/* One block of each computable type to fp32 (the float types are blocks of
+ * one value). The sizes come from WT_INFO; a type is computable exactly when
+ * it has an entry here. */
+typedef void (*deq_fn)(float *y, const uint8_t *b);
+static void deq_f32(float *y, const uint8_t *b) { memcpy(y, b, 4); }
+static void deq_f16(float *y, const uint8_t *b) { y[0] = ld_f16(b); }
+static void deq_bf16(float *y, const uint8_t *b) { y[0] = ld_bf16(b); }
+static const deq_fn DEQ[] = {
+    [KKV_WT_F32] = deq_f32,   [KKV_WT_F16] = deq_f16,   [KKV_WT_BF16] = deq_bf16,
+    [KKV_WT_Q4_0] = deq_q4_0, [KKV_WT_Q4_1] = deq_q4_1, [KKV_WT_Q5_0] = deq_q5_0,
+    [KKV_WT_Q5_1] = deq_q5_1, [KKV_WT_Q8_0] = deq_q8_0, [KKV_WT_Q2_K] = deq_q2_k,
+    [KKV_WT_Q3_K] = deq_q3_k, [KKV_WT_Q4_K] = deq_q4_k, [KKV_WT_Q5_K] = deq_q5_k,
+    [KKV_WT_Q6_K] = deq_q6_k,
+};
+#define N_DEQ (sizeof DEQ / sizeof DEQ[0])
+
+int kkv_wt_supported(uint32_t type) { return type < N_DEQ && DEQ[type] != NULL; }
+
 void kkv_wt_dequant_row(float *out, const kkv_weight *w, int64_t row) {
     const uint8_t *r = (const uint8_t *)w->data + (size_t)row * w->row_bytes;
     int64_t cols = w->cols;
-    switch (w->type) {
-    case KKV_WT_F32: memcpy(out, r, (size_t)cols * 4); break;
-    case KKV_WT_F16:
-        for (int64_t i = 0; i < cols; i++) out[i] = ld_f16(r + 2 * i);
-        break;
-    case KKV_WT_Q4_0:
-        for (int64_t b = 0; b < cols / 32; b++) deq_q4_0(out + 32 * b, r + 18 * b);
-        break;
-    case KKV_WT_Q4_1:
-        for (int64_t b = 0; b < cols / 32; b++) deq_q4_1(out + 32 * b, r + 20 * b);
-        break;
-    case KKV_WT_Q8_0:
-        for (int64_t b = 0; b < cols / 32; b++) deq_q8_0(out + 32 * b, r + 34 * b);
-        break;
-    case KKV_WT_Q6_K:
-        for (int64_t b = 0; b < cols / 256; b++) deq_q6_k(out + 256 * b, r + 210 * b);
-        break;
-    case KKV_WT_BF16:
-        for (int64_t i = 0; i < cols; i++) out[i] = ld_bf16(r + 2 * i);
-        break;
-    case KKV_WT_Q5_0:
-        for (int64_t b = 0; b < cols / 32; b++) deq_q5_0(out + 32 * b, r + 22 * b);
-        break;
-    case KKV_WT_Q5_1:
-        for (int64_t b = 0; b < cols / 32; b++) deq_q5_1(out + 32 * b, r + 24 * b);
-        break;
-    case KKV_WT_Q2_K:
-        for (int64_t b = 0; b < cols / 256; b++) deq_q2_k(out + 256 * b, r + 84 * b);
-        break;
-    case KKV_WT_Q3_K:
-        for (int64_t b = 0; b < cols / 256; b++) deq_q3_k(out + 256 * b, r + 110 * b);
-        break;
-    case KKV_WT_Q4_K:
-        for (int64_t b = 0; b < cols / 256; b++) deq_q4_k(out + 256 * b, r + 144 * b);
-        break;
-    case KKV_WT_Q5_K:
-        for (int64_t b = 0; b < cols / 256; b++) deq_q5_k(out + 256 * b, r + 176 * b);
-        break;
-    default:
+    if (w->type == KKV_WT_F32) {
+        memcpy(out, r, (size_t)cols * 4);
+        return;
+    }
+    if (!kkv_wt_supported(w->type)) {
         /* Unsupported types never reach here through kkv_weight_from_tensor;
          * NaN makes a misuse visible instead of leaving garbage. */
         for (int64_t i = 0; i < cols; i++) out[i] = NAN;
-        break;
+        return;
     }
+    const deq_fn f = DEQ[w->type];
+    const int64_t be = WT_INFO[w->type].elems, bb = WT_INFO[w->type].bytes;
+    for (int64_t b = 0; b < cols / be; b++) f(out + be * b, r + bb * b);
 }
 
 /* ---- activation quantization ---- */
