@@ -41,10 +41,10 @@ fi
 # ---- 2. python venv for the oracles and the Python package's build and tests
 # (scikit-build-core builds the wheel without network; pytest runs python/tests)
 PY="$ROOT/.venv/bin/python"
-if ! "$PY" -c 'import numpy, gguf, tokenizers, sentencepiece, jinja2, openai, scikit_build_core, pytest' 2>/dev/null; then
-  say "setting up .venv (numpy, gguf, tokenizers, sentencepiece, jinja2, openai, scikit-build-core, pytest)"
+if ! "$PY" -c 'import numpy, gguf, tokenizers, sentencepiece, google.protobuf, jinja2, openai, scikit_build_core, pytest' 2>/dev/null; then
+  say "setting up .venv (numpy, gguf, tokenizers, sentencepiece, protobuf, jinja2, openai, scikit-build-core, pytest)"
   [ -x "$PY" ] || python3 -m venv "$ROOT/.venv" || die "python3 -m venv failed"
-  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers sentencepiece \
+  "$PY" -m pip install -q --disable-pip-version-check numpy gguf tokenizers sentencepiece protobuf \
     jinja2 openai scikit-build-core pytest >&2 || die "pip install failed (is PyPI reachable?)"
 fi
 
