@@ -262,6 +262,16 @@ typedef struct kkv_cache_config {
     int        max_tokens; /* per sequence; 0: unlimited                        */
     int        n_threads;  /* attention worker threads; 0 or 1: caller's thread */
     kkv_method method;
+    /* Sliding-window layers (Gemma 3's local layers): layer_window[l] > 0 makes
+     * layer l attend to its newest layer_window[l] tokens only (the one just
+     * appended included); 0 = all tokens. NULL: no layer has a window.
+     * [n_layers], borrowed: kkv_cache_create copies it (the config the cache
+     * returns points at its copy). What falls wholly before a layer's window
+     * goes back to the pool as the sequence grows: its fp16 sink once all S
+     * sink tokens are out, each page of G tokens once its key and value pages
+     * are written and all its tokens are out (docs/FORMAT.md section 3);
+     * kkv_seq_read() gives zeros for such tokens. */
+    const int *layer_window;
 } kkv_cache_config;
 
 /* Creates an empty cache. The pool's memory is reserved, not touched. */

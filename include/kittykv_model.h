@@ -87,11 +87,17 @@ typedef struct kkv_model_info {
      * pos * theta^(-2i/rope_dims), divided by any rope scaling. */
     int   rope_neox;
     int   rope_dims;     /* dims of each head that rotate (<= head_dim) */
+    /* Sliding-window attention (gemma3): the windowed ("local") layers attend
+     * to their newest sliding_window tokens only, the token itself included;
+     * kkv_model_layer_window() says which layers. 0: every layer is global. */
+    int   sliding_window;
+    float rope_theta_swa; /* RoPE base of the windowed layers (= rope_theta without) */
 } kkv_model_info;
 
 /* Loads a GGUF model (mmap). n_threads: threads for matmuls (0: all cores).
  * Architectures: llama (incl. Llama 3 rope_freqs / linear rope scaling),
- * qwen2 (QKV biases, NeoX RoPE), qwen3 (per-head Q/K RMSNorm, NeoX RoPE).
+ * qwen2 (QKV biases, NeoX RoPE), qwen3 (per-head Q/K RMSNorm, NeoX RoPE), gemma3 (QK-norm, post-norms,
+ * GeGLU, embedding scale, sliding-window layers with their own RoPE base).
  * KKV_ERR_IO (not found, unreadable, not a regular file: a FIFO fails at
  * once), KKV_ERR_FORMAT (malformed GGUF, inconsistent shapes, a tokenizer
  * vocabulary whose size is not token_embd's row count), KKV_ERR_UNSUPPORTED
@@ -132,7 +138,13 @@ void kkv_model_set_qkv_hook(kkv_model *m, kkv_qkv_hook fn, void *user);
  * model. */
 uint64_t kkv_model_fingerprint(const kkv_model *m);
 
-/* A cache config with the model's shape, the method and the budget. */
+/* The sliding window of one layer in tokens (0: global attention, or no such
+ * layer or model). kkv_model_cache_config() passes every layer's to the cache. */
+int kkv_model_layer_window(const kkv_model *m, int layer);
+
+/* A cache config with the model's shape, the method and the budget, and the
+ * model's per-layer windows (layer_window points into the model: valid while
+ * it lives; the cache copies it at kkv_cache_create). */
 kkv_cache_config kkv_model_cache_config(const kkv_model *m, const kkv_method *method,
                                         size_t pool_bytes);
 

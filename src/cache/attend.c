@@ -34,6 +34,7 @@ typedef struct unit {
     int kind;  /* 0 sink, 1 pages, 2 tail */
     int first; /* sink: first token; pages: first page */
     int count; /* tokens (sink/tail) or pages */
+    int skip;  /* leading tokens of the unit's first block before a layer's window */
 } unit;
 
 typedef struct job {
@@ -77,14 +78,26 @@ static void pv_split(const kkv_cache *c, float *acc, const float *p, int n_rep, 
 
 /* Online-softmax update of one block into the partial state of n_rep query
  * heads: acc [n_rep][D], ml [n_rep][2] (running max, running sum).
- * sc: [n_rep][G] scratch. */
+ * sc: [n_rep][G] scratch. The first `skip` tokens (0 <= skip < n) lie before
+ * the layer's window: their scores are left out of the softmax and their
+ * probabilities are 0, so the kernels see whole blocks and stay unchanged. */
 static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, const float *q,
-                         int n_rep, const block *b) {
+                         int n_rep, const block *b, int skip) {
     const kkv_ops *ops = c->ops;
-    int D = c->D, n = b->n;
+    int D = c->D, n = b->n, m = n - skip;
     if (b->kpage) ops->qk_page(sc, q, n_rep, b->kpage, D, c->G, c->nb);
     else ops->qk_f16(sc, q, n_rep, b->k16, n, D);
-    ops->softmax(sc, ml, acc, n_rep, n, D, 1.0f / sqrtf((float)D));
+    if (skip) { /* rows [n_rep][n] -> [n_rep][m] in place (destinations never pass sources) */
+        for (int r = 0; r < n_rep; r++)
+            memmove(sc + (size_t)r * m, sc + (size_t)r * n + skip, (size_t)m * sizeof *sc);
+    }
+    ops->softmax(sc, ml, acc, n_rep, m, D, 1.0f / sqrtf((float)D));
+    if (skip) { /* back to [n_rep][n], masked tokens at probability 0 */
+        for (int r = n_rep - 1; r >= 0; r--) {
+            memmove(sc + (size_t)r * n + skip, sc + (size_t)r * m, (size_t)m * sizeof *sc);
+            memset(sc + (size_t)r * n, 0, (size_t)skip * sizeof *sc);
+        }
+    }
     /* sc now holds the unnormalised probabilities, [n_rep][n] */
     if (b->vsplit) pv_split(c, acc, sc, n_rep, b);
     else if (b->vpage) ops->pv_page(acc, sc, n_rep, b->vpage, D, c->G, c->vbits);
@@ -157,7 +170,7 @@ static void run_task(void *arg, int task) {
             b.v16 = kkv_sink_v(c, J->s, J->layer, h) + (size_t)t * D;
             b.kpage = b.vpage = b.vsplit = NULL;
             b.nq = 0;
-            attend_block(c, acc, ml, sc, q, J->n_rep, &b);
+            attend_block(c, acc, ml, sc, q, J->n_rep, &b, 0); /* the unit starts in the window */
         }
     } else if (U->kind == 1) {
         for (int p = U->first; p < U->first + U->count; p++) {
@@ -170,14 +183,14 @@ static void run_task(void *arg, int task) {
             b.k16 = c->fp16 ? (const uint16_t *)(const void *)kp : NULL;
             b.kpage = c->fp16 ? NULL : kp;
             block_values(c, &b, J->s, J->layer, h, n, p * G);
-            attend_block(c, acc, ml, sc, q, J->n_rep, &b);
+            attend_block(c, acc, ml, sc, q, J->n_rep, &b, p == U->first ? U->skip : 0);
         }
     } else { /* key Q-buffer; its values are in the value tail */
         b.n = U->count;
         b.k16 = kkv_ktail(c, J->s, J->layer, h);
         b.kpage = NULL;
         block_values(c, &b, J->s, J->layer, h, n, n->kp * G);
-        attend_block(c, acc, ml, sc, q, J->n_rep, &b);
+        attend_block(c, acc, ml, sc, q, J->n_rep, &b, U->skip);
     }
     if (sc != stack_sc) free(sc);
 }
@@ -187,15 +200,25 @@ kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *s, int layer
     kkv_counts n = kkv_counts_of(c, s, layer);
     int D = c->D, n_rep = n_q / c->H;
     /* units: sink, page groups, tail */
-    int max_units = 2 + (n.kp + PAGES_PER_UNIT - 1) / PAGES_PER_UNIT;
+    int max_units = 2 + (n.kp + PAGES_PER_UNIT - 1) / PAGES_PER_UNIT; /* a bound with a window too */
     unit stack_units[64];
     unit *units = max_units <= 64 ? stack_units : malloc((size_t)max_units * sizeof *units);
     if (!units) return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory");
     int nu = 0;
-    if (n.sink) units[nu++] = (unit){0, 0, n.sink};
-    for (int p = 0; p < n.kp; p += PAGES_PER_UNIT)
-        units[nu++] = (unit){1, p, n.kp - p < PAGES_PER_UNIT ? n.kp - p : PAGES_PER_UNIT};
-    if (n.ktail) units[nu++] = (unit){2, 0, n.ktail};
+    /* A windowed layer starts at token n.first: sink tokens before it are
+     * left out, pages wholly before it skipped (or released), and the block
+     * it falls in masks its leading tokens. Units still depend only on the
+     * length, so the result stays independent of the thread count. */
+    int f = n.first, S = n.sink, G = c->G;
+    if (f < S) units[nu++] = (unit){0, f, S - f, 0};
+    int fp = f > S ? (f - S) / G : 0; /* first page with a token in the window */
+    int pskip = f > S ? (f - S) % G : 0;
+    if (fp > n.kp) fp = n.kp; /* f is in the key Q-buffer */
+    for (int p = fp; p < n.kp; p += PAGES_PER_UNIT)
+        units[nu++] = (unit){1, p, n.kp - p < PAGES_PER_UNIT ? n.kp - p : PAGES_PER_UNIT,
+                             p == fp ? pskip : 0};
+    int t0 = S + n.kp * G; /* first token of the key Q-buffer */
+    if (n.ktail) units[nu++] = (unit){2, 0, n.ktail, f > t0 ? f - t0 : 0};
 
     size_t acc_n = (size_t)c->H * nu * n_rep * D, ml_n = (size_t)c->H * nu * n_rep * 2;
     if (acc_n + ml_n > c->attn_cap) {

@@ -26,6 +26,10 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
         cfg->n_threads < 0 || cfg->n_threads > 1024)
         return kkv_fail(KKV_ERR_INVALID_ARG, "cache: negative or huge max_seqs/max_tokens/n_threads");
     KKV_TRY(kkv_method_check(&cfg->method, cfg->head_dim));
+    for (int l = 0; cfg->layer_window && l < cfg->n_layers; l++)
+        if (cfg->layer_window[l] < 0)
+            return kkv_fail(KKV_ERR_INVALID_ARG, "cache: layer_window[%d] = %d is negative", l,
+                            cfg->layer_window[l]);
     if (cfg->method.select == KKV_SELECT_EXPLICIT && cfg->method.fp16)
         return kkv_fail(KKV_ERR_INVALID_ARG, "cache: explicit selection with fp16 method");
 
@@ -63,6 +67,13 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
     kkv_status s = KKV_OK;
     if (!c->chunks || !c->seqs || !c->tile)
         s = kkv_fail(KKV_ERR_NOMEM, "cache: out of memory");
+    c->cfg.layer_window = NULL;
+    if (s == KKV_OK && cfg->layer_window) {
+        c->win = malloc((size_t)c->L * sizeof *c->win);
+        if (!c->win) s = kkv_fail(KKV_ERR_NOMEM, "cache: out of memory");
+        for (int l = 0; c->win && l < c->L; l++) c->win[l] = cfg->layer_window[l];
+        c->cfg.layer_window = c->win;
+    }
     if (s == KKV_OK) s = kkv_tp_create(&c->tp_own, cfg->n_threads);
     c->tp = c->tp_own;
     if (s == KKV_OK) s = kkv_cache_set_kernel(c, KKV_KERNEL_AUTO);
@@ -78,7 +89,8 @@ static void seq_release(kkv_cache *c, kkv_seq *s) {
     if (s->ly)
         for (int l = 0; l < c->L; l++) {
             kkv_lseq *y = &s->ly[l];
-            for (int p = 0; p < y->n_slots; p++) kkv_pool_give(c, y->slots[p]);
+            for (int p = 0; p < y->n_slots; p++)
+                if (y->slots[p] >= 0) kkv_pool_give(c, y->slots[p]); /* -1: released */
             free(y->slots);
             free(y->stage);
         }
@@ -104,6 +116,7 @@ void kkv_cache_free(kkv_cache *c) {
     free(c->rank);
     free(c->tile);
     free(c->attn_buf);
+    free(c->win);
     free(c);
 }
 
@@ -152,6 +165,7 @@ kkv_status kkv_seq_add(kkv_cache *c, int *seq) {
     kkv_seq *s = &c->seqs[id];
     s->ly = calloc((size_t)c->L, sizeof *s->ly);
     if (!s->ly) return kkv_fail(KKV_ERR_NOMEM, "seq_add: out of memory");
+    for (int l = 0; c->win && l < c->L; l++) s->ly[l].win = c->win[l];
     s->live = 1;
     *seq = id;
     return KKV_OK;
@@ -248,7 +262,7 @@ kkv_status kkv_seq_fork(kkv_cache *c, int *child, int parent) {
         int full = n.kp < n.vp ? n.kp : n.vp;
         for (int q = 0; q < full; q++) {
             x->slots[q] = y->slots[q];
-            c->ref[y->slots[q]]++;
+            if (q >= n.drop) c->ref[y->slots[q]]++; /* below drop: released (-1) */
         }
         x->n_slots = y->n_slots;
     }
@@ -272,15 +286,16 @@ int kkv_seq_len(const kkv_cache *c, int seq, int layer) {
 /* (len, kp, vq) of one layer: the whole state the lifecycle acts on. */
 typedef struct lstate {
     int len, kp, vq;
+    int win; /* the layer's window: fixed, carried for the counts */
 } lstate;
 
 static lstate lstate_of(const kkv_lseq *y) {
-    lstate a = {y->len, y->kp, y->vq};
+    lstate a = {y->len, y->kp, y->vq, y->win};
     return a;
 }
 
 static kkv_counts counts_st(const kkv_cache *c, lstate a) {
-    return kkv_counts_make(c, a.len, a.kp, a.vq);
+    return kkv_counts_make(c, a.len, a.kp, a.vq, a.win);
 }
 
 /* What kkv_flush() does: a full key Q-buffer becomes key page kp; without
@@ -307,7 +322,7 @@ typedef struct caps {
 
 static caps caps_of(const kkv_cache *c, lstate a) {
     kkv_counts n = counts_st(c, a);
-    caps k = {kkv_stage_cap(n.sink, c->S), kkv_stage_cap(n.ktail, c->max_k),
+    caps k = {kkv_stage_cap(n.sink_held, c->S), kkv_stage_cap(n.ktail, c->max_k),
               kkv_stage_cap(n.vtail, c->max_v)};
     return k;
 }
@@ -319,6 +334,24 @@ static uint64_t caps_bytes(const kkv_cache *c, caps k) {
 static int slots_st(const kkv_cache *c, lstate a) {
     kkv_counts n = counts_st(c, a);
     return kkv_slots_for(c, &n);
+}
+
+void kkv_seq_release_window(kkv_cache *c, kkv_seq *s, int l, int drop0) {
+    kkv_lseq *y = &s->ly[l];
+    kkv_counts n = kkv_counts_of(c, s, l);
+    for (int p = drop0; p < n.drop; p++) {
+        int sl = y->slots[p];
+        y->slots[p] = -1;
+        int last = c->ref[sl] == 1;
+        kkv_pool_give(c, sl);
+        /* the bytes become this sequence's credit: a freed slot's move from
+         * the pages to the credit (used unchanged), a shared one's from the
+         * pool if it has room */
+        if (last || c->budget - c->used >= c->slot_bytes) {
+            c->used += c->slot_bytes;
+            s->credit += c->slot_bytes;
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- pool credit */
@@ -365,7 +398,7 @@ static kkv_status stage_resize(const kkv_cache *c, kkv_lseq *y, const kkv_counts
     /* regions in address order: sink K, sink V, key tail, value tail */
     size_t so[4] = {0, (size_t)y->cs, (size_t)2 * y->cs, (size_t)(2 * y->cs + y->ck)};
     size_t doff[4] = {0, (size_t)k.cs, (size_t)2 * k.cs, (size_t)(2 * k.cs + k.ck)};
-    size_t rows[4] = {(size_t)n->sink, (size_t)n->sink, (size_t)n->ktail, (size_t)n->vtail};
+    size_t rows[4] = {(size_t)n->sink_held, (size_t)n->sink_held, (size_t)n->ktail, (size_t)n->vtail};
     for (int h = 0; h < c->H; h++)
         for (int r = 0; r < 4; r++)
             if (rows[r])
@@ -462,7 +495,7 @@ static void settle(kkv_cache *c, kkv_seq *s, int l, uint16_t *pre) {
     if (pre) {
         size_t so[4] = {0, (size_t)y->cs, (size_t)2 * y->cs, (size_t)(2 * y->cs + y->ck)};
         size_t doff[4] = {0, (size_t)k.cs, (size_t)2 * k.cs, (size_t)(2 * k.cs + k.ck)};
-        size_t rows[4] = {(size_t)n.sink, (size_t)n.sink, (size_t)n.ktail, (size_t)n.vtail};
+        size_t rows[4] = {(size_t)n.sink_held, (size_t)n.sink_held, (size_t)n.ktail, (size_t)n.vtail};
         for (int h = 0; h < c->H; h++)
             for (int r = 0; r < 4; r++)
                 if (rows[r])
@@ -482,8 +515,8 @@ static void settle(kkv_cache *c, kkv_seq *s, int l, uint16_t *pre) {
 
 /* The state append -> flush leaves at len tokens (len >= 1): the lifecycle
  * is a function of the length once a step has been flushed. */
-static lstate st_canonical(const kkv_cache *c, int64_t len) {
-    lstate a = {(int)len, 0, 0};
+static lstate st_canonical(const kkv_cache *c, int64_t len, int win) {
+    lstate a = {(int)len, 0, 0, win};
     int64_t post = len > c->S ? len - c->S : 0;
     a.kp = (int)(post / c->G);
     int64_t out = post > c->R ? post - c->R : 0; /* values out of the window */
@@ -491,38 +524,43 @@ static lstate st_canonical(const kkv_cache *c, int64_t len) {
     return a;
 }
 
-/* Bytes of state a in the peak of layer_peak(): staging + slots beyond base. */
-static uint64_t st_bytes(const kkv_cache *c, lstate a, int base) {
-    int ns = slots_st(c, a) - base;
+/* Bytes of the change from state `from` to state a in the peak of
+ * layer_peak(): a's staging + the slots held beyond base. The pages a releases
+ * (its window) are given back only after the change, so it holds a's page
+ * table less what `from` had released. */
+static uint64_t st_bytes(const kkv_cache *c, lstate from, lstate a, int base) {
+    int ns = slots_st(c, a) - counts_st(c, from).drop - base;
     return caps_bytes(c, caps_of(c, a)) + (uint64_t)(ns > 0 ? ns : 0) * c->slot_bytes;
 }
 
-/* Peak pool bytes (staging + pages taken from now on) of layer y over n more
- * tokens of append -> flush, counting from its current state. Past the first
- * S + R + 3G steps the staging repeats with period G while slots only grow, so
- * the rest of the peak is within the last G + 1 steps: O(S + R + G) per call. */
+/* Peak pool bytes (staging + pages taken from now on, less the pages a
+ * window gave back) of layer y over n more tokens of append -> flush,
+ * counting from its current state. Past the first S + R + 3G steps (+ W for a
+ * windowed layer: its sink goes and its page count levels off by then) the
+ * staging repeats with period G while held slots only grow or repeat, so the
+ * rest of the peak is within the last G + 1 steps: O(S + R + G + W) per call. */
 static uint64_t layer_peak(const kkv_cache *c, const kkv_lseq *y, int64_t n) {
     lstate a = lstate_of(y);
-    int base = y->n_slots;
+    int base = y->n_slots - counts_st(c, a).drop;
     uint64_t peak = caps_bytes(c, caps_of(c, a));
-    int64_t warm = (int64_t)c->S + c->R + 3 * (int64_t)c->G;
+    int64_t warm = (int64_t)c->S + c->R + 3 * (int64_t)c->G + y->win;
     int64_t first = n < warm ? n : warm;
     for (int64_t i = 0; i < first; i++) {
         for (int step = 0; step < 2; step++) {
-            a = step ? st_flush(c, a) : st_append(c, a);
-            uint64_t b = st_bytes(c, a, base);
-            peak = b > peak ? b : peak;
+            lstate b = step ? st_flush(c, a) : st_append(c, a);
+            uint64_t x = st_bytes(c, a, b, base);
+            peak = x > peak ? x : peak;
+            a = b;
         }
     }
     if (n > first) {
         int64_t end = (int64_t)y->len + n, from = end - c->G - 1;
         from = from > (int64_t)y->len + first ? from : (int64_t)y->len + first;
         for (int64_t len = from; len < end; len++) {
-            lstate b = st_canonical(c, len);
-            b = st_append(c, b);
-            uint64_t x = st_bytes(c, b, base);
+            lstate p = st_canonical(c, len, y->win), b = st_append(c, p);
+            uint64_t x = st_bytes(c, p, b, base);
             peak = x > peak ? x : peak;
-            x = st_bytes(c, st_flush(c, b), base);
+            x = st_bytes(c, b, st_flush(c, b), base);
             peak = x > peak ? x : peak;
         }
     }
@@ -549,7 +587,7 @@ kkv_status kkv_seq_reserve(kkv_cache *c, int seq, int n_tokens) {
     for (int l = 0; l < c->L; l++) {
         const kkv_lseq *y = &s->ly[l], *x = l ? &s->ly[l - 1] : NULL;
         int same = x && x->len == y->len && x->kp == y->kp && x->vq == y->vq &&
-                   x->n_slots == y->n_slots;
+                   x->n_slots == y->n_slots && x->win == y->win;
         prev = same ? prev : layer_peak(c, y, n_tokens);
         need += prev;
     }
@@ -628,8 +666,10 @@ kkv_status kkv_flush(kkv_cache *c, int seq, int layer) {
         free(pre);
         return st;
     }
+    int drop0 = kkv_counts_of(c, s, layer).drop;
     flush_data(c, s, layer);
     settle(c, s, layer, pre);
+    kkv_seq_release_window(c, s, layer, drop0);
     return KKV_OK;
 }
 
@@ -677,6 +717,7 @@ kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const fl
         free(pre);
         return pst;
     }
+    int drop0 = kkv_counts_of(c, s, layer).drop;
     flush_data(c, s, layer);
 
     kkv_counts cnt = kkv_counts_of(c, s, layer);
@@ -700,6 +741,7 @@ kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const fl
     if (eager) y->vq++;
     y->len++;
     settle(c, s, layer, pre);
+    kkv_seq_release_window(c, s, layer, drop0);
     return KKV_OK;
 }
 

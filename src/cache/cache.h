@@ -10,7 +10,13 @@
  * up to R tokens later than the key page, into the slot the key page took.
  * Slots are reference-counted: forks share the ones whose pages are complete.
  * Staging is per layer, grown and shrunk in KKV_STAGE_CHUNK-token steps, and
- * accounted against the pool through the sequence's credit (cache.c). */
+ * accounted against the pool through the sequence's credit (cache.c).
+ * A layer with a window W (kkv_cache_config.layer_window) attends to its
+ * newest W tokens only; what lies wholly before them is released: the fp16
+ * sink once all S sink tokens are out, and page slot p once its key and value
+ * pages are both written and all G of its tokens are out (the page table keeps
+ * its length; slots[p] of a released page is -1). Both are functions of
+ * (len, kp, vq, W), like every other count. */
 #ifndef KKV_CACHE_CACHE_H
 #define KKV_CACHE_CACHE_H
 
@@ -36,6 +42,7 @@ typedef struct kkv_lseq {
     int       cap_slots;
     int      *slots;     /* [cap_slots] page table: slot of page p */
     int       cs, ck, cv;/* staging capacity in tokens: sink, key tail, value tail */
+    int       win;       /* the layer's window (tokens attended), 0 = all */
     uint16_t *stage;     /* [H][2cs + ck + cv][D] fp16: sink K, sink V, key tail, value tail */
 } kkv_lseq;
 
@@ -53,6 +60,7 @@ typedef struct kkv_seq {
 struct kkv_cache {
     kkv_cache_config cfg;
     int L, H, D, G, S, R, nb, vbits, fp16, eager;
+    int   *win;             /* [L] window of each layer (0 = all); cfg.layer_window points here, or NULL */
     size_t kpage, vpage;    /* bytes of one key / value page of one head */
     size_t slot_bytes;      /* H * (kpage + vpage): one layer's page p */
     int    max_k, max_v;    /* most tokens a key / value tail holds */
@@ -118,9 +126,12 @@ typedef struct kkv_counts {
     int vp;     /* value pages completely written: vq / G */
     int ktail;  /* key Q-buffer tokens */
     int vtail;  /* fp16 values after the sink: value Q-buffer + window */
+    int first;  /* first token a windowed layer still attends to (0 without a window) */
+    int sink_held; /* sink tokens still stored: sink, or 0 once all are before first */
+    int drop;   /* leading page slots released (wholly before first, both pages written) */
 } kkv_counts;
 
-static inline kkv_counts kkv_counts_make(const kkv_cache *c, int len, int kp, int vq) {
+static inline kkv_counts kkv_counts_make(const kkv_cache *c, int len, int kp, int vq, int win) {
     kkv_counts n;
     n.len = len;
     n.sink = n.len < c->S ? n.len : c->S;
@@ -129,10 +140,15 @@ static inline kkv_counts kkv_counts_make(const kkv_cache *c, int len, int kp, in
     n.vp = vq / c->G;
     n.ktail = n.len - n.sink - n.kp * c->G;
     n.vtail = n.len - n.sink - n.vq;
+    n.first = win > 0 && n.len > win ? n.len - win : 0;
+    n.sink_held = n.first >= c->S ? 0 : n.sink;
+    int dead = n.first > c->S ? (n.first - c->S) / c->G : 0; /* pages wholly before first */
+    int vp = n.vp < n.kp ? n.vp : n.kp;
+    n.drop = dead < vp ? dead : vp;
     return n;
 }
 static inline kkv_counts kkv_counts_of(const kkv_cache *c, const kkv_seq *s, int l) {
-    return kkv_counts_make(c, s->ly[l].len, s->ly[l].kp, s->ly[l].vq);
+    return kkv_counts_make(c, s->ly[l].len, s->ly[l].kp, s->ly[l].vq, s->ly[l].win);
 }
 
 /* Pool: a fresh slot with one reference (the caller has accounted its bytes
@@ -140,6 +156,12 @@ static inline kkv_counts kkv_counts_of(const kkv_cache *c, const kkv_seq *s, int
  * pool when it was the last. */
 kkv_status kkv_pool_take(kkv_cache *c, int *slot);
 void       kkv_pool_give(kkv_cache *c, int slot);
+/* Releases the page slots of layer l that its counts say are out of the
+ * window (slots[drop0 .. n.drop) -> -1). Each slot's bytes stay with the
+ * sequence as credit, to pay for its next pages (a slot still shared with a
+ * fork keeps its bytes in the pool for the other holder; the credit is then
+ * taken from the pool when it has room). Cannot fail. */
+void       kkv_seq_release_window(kkv_cache *c, kkv_seq *s, int l, int drop0);
 /* Undoes a kkv_pool_take() whose bytes were never accounted. */
 void       kkv_pool_untake(kkv_cache *c, int slot);
 /* The lowest free sequence id, or -1. */

@@ -21,7 +21,7 @@ static void add_seq(const kkv_cache *c, const kkv_seq *s, kkv_mem *m, uint64_t *
         const kkv_lseq *y = &s->ly[l];
         kkv_counts n = kkv_counts_of(c, s, l);
         uint64_t kp = 0, vp = 0, vpart = (uint64_t)(n.vq % c->G);
-        for (int p = 0; p < y->n_slots; p++) {
+        for (int p = n.drop; p < y->n_slots; p++) { /* below drop: released */
             int sl = y->slots[p];
             int shared = c->ref[sl] > 1;
             if (seen && shared) {
@@ -34,7 +34,7 @@ static void add_seq(const kkv_cache *c, const kkv_seq *s, kkv_mem *m, uint64_t *
             vp += p < n.vp;
         }
         kp *= H, vp *= H;
-        uint64_t held16 = (uint64_t)2 * n.sink + (uint64_t)n.ktail + (uint64_t)n.vtail;
+        uint64_t held16 = (uint64_t)2 * n.sink_held + (uint64_t)n.ktail + (uint64_t)n.vtail;
         if (c->fp16) {
             m->fp16 += (kp + vp) * G * D * 2 + vpart * H * D * 2;
         } else {

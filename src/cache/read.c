@@ -19,11 +19,17 @@ kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int lay
     kkv_counts n = kkv_counts_of(c, s, layer);
     int D = c->D, G = c->G;
     size_t row = (size_t)D;
+    /* tokens a windowed layer released read as zeros */
     if (k) {
         float *o = k;
-        widen_rows(o, kkv_sink_k(c, s, layer, head), n.sink, D);
+        if (n.sink_held) widen_rows(o, kkv_sink_k(c, s, layer, head), n.sink, D);
+        else memset(o, 0, (size_t)n.sink * row * sizeof *o);
         o += n.sink * row;
         for (int p = 0; p < n.kp; p++, o += (size_t)G * row) {
+            if (p < n.drop) {
+                memset(o, 0, (size_t)G * row * sizeof *o);
+                continue;
+            }
             const uint8_t *pg = kkv_kpage_ptr(c, s, p, layer, head);
             if (c->fp16) widen_rows(o, (const uint16_t *)(const void *)pg, G, D);
             else kkv_key_decode_ref(o, pg, D, G, c->nb);
@@ -32,9 +38,14 @@ kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int lay
     }
     if (v) {
         float *o = v;
-        widen_rows(o, kkv_sink_v(c, s, layer, head), n.sink, D);
+        if (n.sink_held) widen_rows(o, kkv_sink_v(c, s, layer, head), n.sink, D);
+        else memset(o, 0, (size_t)n.sink * row * sizeof *o);
         o += n.sink * row;
         for (int p = 0; p < n.vp; p++, o += (size_t)G * row) {
+            if (p < n.drop) {
+                memset(o, 0, (size_t)G * row * sizeof *o);
+                continue;
+            }
             const uint8_t *pg = kkv_vpage_ptr(c, s, p, layer, head);
             if (c->fp16) widen_rows(o, (const uint16_t *)(const void *)pg, G, D);
             else kkv_value_decode_ref(o, pg, D, G, c->vbits);
@@ -61,6 +72,9 @@ kkv_status kkv_seq_key_page(const kkv_cache *c, void *dst, size_t dst_bytes, int
     if (!dst || dst_bytes < c->kpage)
         return kkv_fail(KKV_ERR_INVALID_ARG, "key_page: buffer of %zu bytes, page has %zu",
                         dst_bytes, c->kpage);
+    if (page < kkv_counts_of(c, s, layer).drop)
+        return kkv_fail(KKV_ERR_NOT_FOUND, "key_page: page %d of layer %d was released (before "
+                        "the layer's window)", page, layer);
     memcpy(dst, kkv_kpage_ptr(c, s, page, layer, head), c->kpage);
     return KKV_OK;
 }

@@ -48,6 +48,22 @@ static uint32_t f32_bits(float f) {
     return u;
 }
 
+/* The layer windows as one header word: 0 when no layer has one (so states
+ * of caches without windows are what they always were), else a nonzero hash
+ * of every layer's window, so a state only loads into a cache with the same. */
+static uint32_t windows_tag(const kkv_cache *c) {
+    int any = 0;
+    for (int l = 0; c->win && l < c->L; l++) any |= c->win[l] != 0;
+    if (!any) return 0;
+    uint32_t h = 2166136261u; /* FNV-1a over the windows' little-endian bytes */
+    for (int l = 0; l < c->L; l++)
+        for (int b = 0; b < 4; b++) {
+            h ^= ((uint32_t)c->win[l] >> (8 * b)) & 0xffu;
+            h *= 16777619u;
+        }
+    return h ? h : 1;
+}
+
 /* The header: also what the loader compares against its cache. */
 static void put_header(wbuf *w, const kkv_cache *c, uint64_t fingerprint, uint32_t n_tokens) {
     const kkv_method *m = &c->cfg.method;
@@ -68,7 +84,7 @@ static void put_header(wbuf *w, const kkv_cache *c, uint64_t fingerprint, uint32
     put_u32(w, (uint32_t)c->L);
     put_u32(w, (uint32_t)c->H);
     put_u32(w, (uint32_t)c->D);
-    put_u32(w, 0); /* reserved */
+    put_u32(w, windows_tag(c)); /* was reserved (0) before layer windows */
     put_u64(w, fingerprint);
     put_u32(w, n_tokens);
     put_u32(w, 0); /* reserved */
@@ -88,10 +104,10 @@ static void put_seq(wbuf *w, const kkv_cache *c, const kkv_seq *s, const kkv_sta
     for (int l = 0; l < c->L; l++) {
         kkv_counts n = kkv_counts_of(c, s, l);
         for (int h = 0; h < c->H; h++) {
-            put_f16(w, kkv_sink_k(c, s, l, h), (size_t)n.sink * D);
-            put_f16(w, kkv_sink_v(c, s, l, h), (size_t)n.sink * D);
-            for (int p = 0; p < n.kp; p++) put(w, kkv_kpage_ptr(c, s, p, l, h), c->kpage);
-            for (int p = 0; p < n.vp; p++) put(w, kkv_vpage_ptr(c, s, p, l, h), c->vpage);
+            put_f16(w, kkv_sink_k(c, s, l, h), (size_t)n.sink_held * D);
+            put_f16(w, kkv_sink_v(c, s, l, h), (size_t)n.sink_held * D);
+            for (int p = n.drop; p < n.kp; p++) put(w, kkv_kpage_ptr(c, s, p, l, h), c->kpage);
+            for (int p = n.drop; p < n.vp; p++) put(w, kkv_vpage_ptr(c, s, p, l, h), c->vpage);
             int part = n.vq % c->G; /* eager: rows of the page being written */
             if (part) {
                 const uint8_t *pg = kkv_vpage_ptr(c, s, n.vp, l, h);
@@ -212,6 +228,8 @@ static const char *bad_key_page(const kkv_cache *c, const uint8_t *pg) {
     return NULL;
 }
 
+static int win_of(const kkv_cache *c, int l) { return c->win ? c->win[l] : 0; }
+
 static kkv_status fmt(const char *why) {
     return kkv_fail(KKV_ERR_FORMAT, "seq_load: %s", why);
 }
@@ -244,8 +262,9 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
     if (memcmp(h + 20, want + 20, 44)) return fmt("made with another method or parameters");
     if (memcmp(h + 64, want + 64, 12)) return fmt("made for another model shape (layers, KV heads, head_dim)");
     if (memcmp(h + 80, want + 80, 8)) return fmt("made with another model (fingerprint differs)");
-    if (memcmp(h + 76, want + 76, 4) || memcmp(h + 92, want + 92, 4))
-        return fmt("reserved header field set");
+    if (memcmp(h + 76, want + 76, 4))
+        return fmt("made with other layer windows (sliding-window layers differ)");
+    if (memcmp(h + 92, want + 92, 4)) return fmt("reserved header field set");
     if (nt > (uint32_t)(r.n - r.at) / 4) return fmt("truncated token list");
     if (n_tokens) *n_tokens = (int)nt;
     if (tokens && (uint32_t)tokens_cap < nt)
@@ -278,10 +297,10 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
             return fmt("layer counts inconsistent with the method's lifecycle");
         if (c->eager && vq != (post > (uint32_t)c->R ? post - (uint32_t)c->R : 0))
             return fmt("layer counts inconsistent with eager values");
-        kkv_counts k = kkv_counts_make(c, (int)len, (int)kp, (int)vq);
-        stage += kkv_stage_bytes(c, kkv_stage_cap(k.sink, c->S), kkv_stage_cap(k.ktail, c->max_k),
-                                 kkv_stage_cap(k.vtail, c->max_v));
-        pages += kkv_slots_for(c, &k);
+        kkv_counts k = kkv_counts_make(c, (int)len, (int)kp, (int)vq, win_of(c, l));
+        stage += kkv_stage_bytes(c, kkv_stage_cap(k.sink_held, c->S),
+                                 kkv_stage_cap(k.ktail, c->max_k), kkv_stage_cap(k.vtail, c->max_v));
+        pages += kkv_slots_for(c, &k) - k.drop;
     }
     uint64_t need = stage + (uint64_t)pages * c->slot_bytes;
     /* bytes the layers' contents take, to refuse truncation before allocating */
@@ -289,10 +308,11 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
     uint64_t body = 0;
     for (int l = 0; l < c->L; l++) {
         kkv_counts k = kkv_counts_make(c, (int)ld_u32(cnt + 12 * l), (int)ld_u32(cnt + 12 * l + 4),
-                                       (int)ld_u32(cnt + 12 * l + 8));
+                                       (int)ld_u32(cnt + 12 * l + 8), win_of(c, l));
         uint64_t part = (uint64_t)(k.vq % G) * (vrow + (c->fp16 ? 0 : 4));
-        body += (uint64_t)c->H * ((uint64_t)(2 * k.sink + k.ktail + k.vtail) * D * 2 +
-                                  (uint64_t)k.kp * c->kpage + (uint64_t)k.vp * c->vpage + part);
+        body += (uint64_t)c->H * ((uint64_t)(2 * k.sink_held + k.ktail + k.vtail) * D * 2 +
+                                  (uint64_t)(k.kp - k.drop) * c->kpage +
+                                  (uint64_t)(k.vp - k.drop) * c->vpage + part);
     }
     if (body != r.n - r.at) return fmt(body > r.n - r.at ? "truncated contents" : "trailing bytes");
     if (need > c->budget - c->used)
@@ -312,8 +332,9 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
         y->len = (int)ld_u32(cnt + 12 * l);
         y->kp = (int)ld_u32(cnt + 12 * l + 4);
         y->vq = (int)ld_u32(cnt + 12 * l + 8);
-        kkv_counts k = kkv_counts_make(c, y->len, y->kp, y->vq);
-        y->cs = kkv_stage_cap(k.sink, c->S);
+        y->win = win_of(c, l);
+        kkv_counts k = kkv_counts_make(c, y->len, y->kp, y->vq, y->win);
+        y->cs = kkv_stage_cap(k.sink_held, c->S);
         y->ck = kkv_stage_cap(k.ktail, c->max_k);
         y->cv = kkv_stage_cap(k.vtail, c->max_v);
         size_t sb = (size_t)kkv_stage_bytes(c, y->cs, y->ck, y->cv);
@@ -322,25 +343,26 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
         if (ns && st == KKV_OK && !(y->slots = malloc((size_t)ns * sizeof *y->slots)))
             st = kkv_fail(KKV_ERR_NOMEM, "seq_load: out of memory");
         y->cap_slots = ns;
-        for (int p = 0; p < ns && st == KKV_OK; p++) {
+        for (int p = 0; p < k.drop && st == KKV_OK; p++) y->slots[p] = -1; /* released */
+        for (int p = k.drop; p < ns && st == KKV_OK; p++) {
             st = kkv_pool_take(c, &y->slots[p]);
             if (st == KKV_OK) y->n_slots = p + 1;
         }
         for (int hh = 0; hh < c->H && st == KKV_OK && !why; hh++) {
             const uint8_t *b = NULL;
-            size_t rows[2] = {(size_t)k.sink, (size_t)k.sink};
+            size_t rows[2] = {(size_t)k.sink_held, (size_t)k.sink_held};
             uint16_t *dst[2] = {kkv_sink_k(c, &t, l, hh), kkv_sink_v(c, &t, l, hh)};
             for (int i = 0; i < 2 && !why; i++) {
                 take(&r, rows[i] * D * 2, &b);
                 if (!rows_finite(b, rows[i] * D)) why = "non-finite fp16 sink";
                 for (size_t e = 0; e < rows[i] * D; e++) dst[i][e] = kkv_ld16(b + 2 * e);
             }
-            for (int p = 0; p < k.kp && !why; p++) {
+            for (int p = k.drop; p < k.kp && !why; p++) {
                 take(&r, c->kpage, &b);
                 why = bad_key_page(c, b);
                 memcpy(kkv_kpage_ptr(c, &t, p, l, hh), b, c->kpage);
             }
-            for (int p = 0; p < k.vp && !why; p++) {
+            for (int p = k.drop; p < k.vp && !why; p++) {
                 take(&r, c->vpage, &b);
                 if (c->fp16 ? !rows_finite(b, (size_t)G * D) : !rows_finite(b + vl.scale, 2 * (size_t)G))
                     why = "non-finite value page";
@@ -374,7 +396,8 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
     if (st == KKV_OK && why) st = fmt(why);
     if (st != KKV_OK) {
         for (int l = 0; l < c->L; l++) {
-            for (int p = 0; p < t.ly[l].n_slots; p++) kkv_pool_untake(c, t.ly[l].slots[p]);
+            for (int p = 0; p < t.ly[l].n_slots; p++)
+                if (t.ly[l].slots[p] >= 0) kkv_pool_untake(c, t.ly[l].slots[p]);
             free(t.ly[l].slots);
             free(t.ly[l].stage);
         }

@@ -1,4 +1,6 @@
-/* The Llama forward pass over a kittykv cache.
+/* The Llama-family forward pass over a kittykv cache (llama, qwen2, qwen3,
+ * and gemma3's variant: scaled embedding, post-norms, GeGLU, windowed layers
+ * with their own RoPE base; the cache applies each layer's window).
  *
  * Tokens go through the model in chunks of at most KKV_MODEL_CHUNK. Within a
  * chunk every matmul is batched over its tokens, but attention runs token by
@@ -9,6 +11,7 @@
  *
  * The model's working buffers live in the model, so a model runs one forward
  * pass at a time (not reentrant; use one model per thread). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +39,15 @@ static kkv_status check_cache(const kkv_model *m, const kkv_cache *c) {
                         "not match the model (%d, %d, %d)",
                         cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, m->info.n_layers,
                         m->info.n_kv_heads, m->info.head_dim);
+    /* a windowed layer must see exactly its window: a cache made without the
+     * model's windows would attend too far back */
+    for (int l = 0; l < m->info.n_layers; l++) {
+        int want = m->layers[l].window;
+        int got = cfg->layer_window ? cfg->layer_window[l] : 0;
+        if (want != got)
+            return kkv_fail(KKV_ERR_INVALID_ARG, "forward: cache layer %d has window %d, the "
+                            "model %d (make the config with kkv_model_cache_config)", l, got, want);
+    }
     return KKV_OK;
 }
 
@@ -86,11 +98,19 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
     const int QD = in->n_heads * in->head_dim, KD = in->n_kv_heads * in->head_dim;
     const int RP = m->rope_pairs;
 
+    /* gemma3 scales the embedding by sqrt(n_embd) (in fp32, as llama.cpp) */
+    const float emb_scale = m->gemma ? sqrtf((float)E) : 1.0f;
     for (int i = 0; i < n; i++) {
-        kkv_wt_dequant_row(row(w->x, i, E), &m->tok_embd, ch->tokens[i]);
+        float *x = row(w->x, i, E);
+        kkv_wt_dequant_row(x, &m->tok_embd, ch->tokens[i]);
+        if (m->gemma)
+            for (int j = 0; j < E; j++) x[j] *= emb_scale;
         if (RP > 0)
             kkv_op_rope_table(row(w->cs, i, RP), row(w->sn, i, RP), m->inv_freq, RP,
                               w->pos[i]);
+        if (RP > 0 && w->cs_swa)
+            kkv_op_rope_table(row(w->cs_swa, i, RP), row(w->sn_swa, i, RP), m->inv_freq_swa,
+                              RP, w->pos[i]);
     }
     for (int l = 0; l < in->n_layers; l++) {
         const kkv_layer *L = &m->layers[l];
@@ -112,7 +132,9 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
                     kkv_op_rmsnorm(k + (size_t)h * (size_t)in->head_dim, k + (size_t)h * (size_t)in->head_dim,
                                    L->k_norm, in->head_dim, in->rms_eps);
             }
-            float *cs = row(w->cs, i, RP), *sn = row(w->sn, i, RP);
+            int local = L->window && w->cs_swa; /* windowed layer: its own RoPE base */
+            float *cs = row(local ? w->cs_swa : w->cs, i, RP);
+            float *sn = row(local ? w->sn_swa : w->sn, i, RP);
             if (in->rope_neox) {
                 kkv_op_rope_neox(q, in->n_heads, in->head_dim, cs, sn, RP);
                 kkv_op_rope_neox(k, in->n_kv_heads, in->head_dim, cs, sn, RP);
@@ -120,6 +142,8 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
                 kkv_op_rope(q, in->n_heads, in->head_dim, cs, sn, RP);
                 kkv_op_rope(k, in->n_kv_heads, in->head_dim, cs, sn, RP);
             }
+            if (m->q_scale != 1.0f)
+                for (int j = 0; j < QD; j++) q[j] *= m->q_scale;
         }
         /* Token by token, so each token sees the cache exactly as a
          * single-token call would have left it. */
@@ -133,14 +157,25 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
             KKV_TRY(kkv_flush(c, seq, l));
         }
         KKV_TRY(mm(m, w->proj, &L->wo, w->att, n));
+        if (L->post_attn_norm) /* gemma3: the block output is normed before the add */
+            for (int i = 0; i < n; i++)
+                kkv_op_rmsnorm(row(w->proj, i, E), row(w->proj, i, E), L->post_attn_norm, E,
+                               in->rms_eps);
         for (size_t j = 0; j < (size_t)n * E; j++) w->x[j] += w->proj[j];
 
         for (int i = 0; i < n; i++)
             kkv_op_rmsnorm(row(w->xn, i, E), row(w->x, i, E), L->ffn_norm, E, in->rms_eps);
         KKV_TRY(mm(m, w->gate, &L->w_gate, w->xn, n));
         KKV_TRY(mm(m, w->up, &L->w_up, w->xn, n));
-        for (int i = 0; i < n; i++) kkv_op_swiglu(row(w->gate, i, F), row(w->up, i, F), F);
+        for (int i = 0; i < n; i++) {
+            if (m->gemma) kkv_op_geglu(row(w->gate, i, F), row(w->up, i, F), F);
+            else kkv_op_swiglu(row(w->gate, i, F), row(w->up, i, F), F);
+        }
         KKV_TRY(mm(m, w->proj, &L->w_down, w->gate, n));
+        if (L->post_ffn_norm)
+            for (int i = 0; i < n; i++)
+                kkv_op_rmsnorm(row(w->proj, i, E), row(w->proj, i, E), L->post_ffn_norm, E,
+                               in->rms_eps);
         for (size_t j = 0; j < (size_t)n * E; j++) w->x[j] += w->proj[j];
     }
     if (ch->logits && ch->first_out < n) {

@@ -112,13 +112,24 @@ static kkv_status get_norm(const kkv_gguf *g, float **out, const char *name, int
 }
 
 /* Architectures this engine runs, with the layout choices llama.cpp makes
- * for each (llama_model_rope_type): qwen2/qwen3 rotate NeoX halves. */
+ * for each (llama_model_rope_type): qwen2/qwen3/gemma3 rotate NeoX halves. */
 typedef struct arch_def {
     const char *name;
     int         rope_neox;
+    int         qk_norm; /* per-head Q/K RMSNorm tensors belong to the architecture */
+    int         gemma;   /* gemma3 block (see kkv_model.gemma) and sliding-window layers */
 } arch_def;
 
-static const arch_def ARCHS[] = {{"llama", 0}, {"qwen2", 1}, {"qwen3", 1}};
+static const arch_def ARCHS[] = {
+    {"llama", 0, 0, 0}, {"qwen2", 1, 0, 0}, {"qwen3", 1, 1, 0}, {"gemma3", 1, 1, 1}};
+
+/* Gemma 3's fixed layer pattern (llama.cpp: set_swa_pattern(6)): in every
+ * run of 6 layers the first 5 use the sliding window, the 6th is global
+ * (layers 5, 11, 17 of an 18-layer model). */
+#define GEMMA3_SWA_PERIOD 6
+/* RoPE base of the windowed layers when the file does not say
+ * (gemma3.rope.freq_base_swa; Gemma 3's rope_local_base_freq). */
+#define GEMMA3_ROPE_BASE_SWA 10000.0f
 
 /* "<arch>.<suffix>" in buf (the metadata keys are per architecture). */
 static const char *akey(char *buf, size_t cap, const char *arch, const char *suffix) {
@@ -141,6 +152,27 @@ static kkv_status read_rope_scaling(kkv_model *m, const char *arch) {
     return get_float(g, akey(k, sizeof k, arch, "rope.scaling.factor"), &m->rope_scale, 1, 1.0f);
 }
 
+/* Gemma 3's sliding window and the attention scale. The window counts the
+ * token itself: a query at position p sees keys at p - W + 1 .. p (llama.cpp's
+ * standard SWA mask), which is what the cache's layer window means. */
+static kkv_status read_gemma3(kkv_model *m, const char *a) {
+    const kkv_gguf *g = m->gguf;
+    kkv_model_info *in = &m->info;
+    char k[96];
+    KKV_TRY(get_int(g, akey(k, sizeof k, a, "attention.sliding_window"), &in->sliding_window, 1,
+                    INT32_MAX, 1, 0));
+    if (kkv_gguf_find(g, akey(k, sizeof k, a, "attention.sliding_window_pattern")) >= 0)
+        return kkv_fail(KKV_ERR_UNSUPPORTED, "model: '%s' (an explicit layer pattern) is not "
+                        "supported; gemma3 uses every %dth layer global", k, GEMMA3_SWA_PERIOD);
+    KKV_TRY(get_float(g, akey(k, sizeof k, a, "rope.freq_base_swa"), &in->rope_theta_swa, 0,
+                      GEMMA3_ROPE_BASE_SWA));
+    /* query_pre_attn_scalar: head_dim, except Gemma 3 27B (62 layers) where
+     * it is n_embd / n_heads (llama.cpp reads it the same way) */
+    if (in->n_layers == 62)
+        m->q_scale = sqrtf((float)in->head_dim) / sqrtf((float)(in->n_embd / in->n_heads));
+    return KKV_OK;
+}
+
 static kkv_status read_hparams(kkv_model *m) {
     const kkv_gguf *g = m->gguf;
     kkv_model_info *in = &m->info;
@@ -155,10 +187,12 @@ static kkv_status read_hparams(kkv_model *m) {
     if (!ad) {
         char shown[80];
         return kkv_fail(KKV_ERR_UNSUPPORTED, "unsupported architecture '%s' (supported: llama, "
-                        "qwen2, qwen3)", kkv_printable(shown, sizeof shown, s.ptr, s.len));
+                        "qwen2, qwen3, gemma3)", kkv_printable(shown, sizeof shown, s.ptr, s.len));
     }
     const char *a = ad->name;
     in->rope_neox = ad->rope_neox;
+    m->gemma = ad->gemma;
+    m->qk_norm = ad->qk_norm;
     if (kkv_gguf_get_str(g, "general.name", &s) == KKV_OK) copy_str(in->name, sizeof in->name, s);
 
     char k[96];
@@ -196,6 +230,9 @@ static kkv_status read_hparams(kkv_model *m) {
         return kkv_fail(KKV_ERR_FORMAT, "model: odd rope dimension count %d", rope_dims);
     m->rope_pairs = rope_dims / 2;
     in->rope_dims = rope_dims;
+    in->rope_theta_swa = in->rope_theta;
+    m->q_scale = 1.0f;
+    if (m->gemma) KKV_TRY(read_gemma3(m, a));
     return read_rope_scaling(m, a);
 }
 
@@ -263,9 +300,23 @@ static kkv_status load_tensors(kkv_model *m) {
         KKV_TRY(get_opt_vec(g, &L->k_norm, name, in->head_dim));
         if (!L->q_norm != !L->k_norm)
             return kkv_fail(KKV_ERR_FORMAT, "model: layer %d has only one of attn_q_norm / attn_k_norm", l);
-        if (strcmp(in->arch, "qwen3") != 0 && L->q_norm)
-            return kkv_fail(KKV_ERR_UNSUPPORTED, "model: attn_q_norm in a '%s' model (only qwen3 has per-head QK norms)",
-                            in->arch);
+        if (!m->qk_norm && L->q_norm)
+            return kkv_fail(KKV_ERR_UNSUPPORTED, "model: attn_q_norm in a '%s' model (only qwen3 "
+                            "and gemma3 have per-head QK norms)", in->arch);
+        if (m->gemma) {
+            if (!L->q_norm)
+                return kkv_fail(KKV_ERR_FORMAT, "model: missing tensor 'blk.%d.attn_q_norm.weight'", l);
+            snprintf(name, sizeof name, "blk.%d.post_attention_norm.weight", l);
+            KKV_TRY(get_norm(g, &L->post_attn_norm, name, in->n_embd));
+            snprintf(name, sizeof name, "blk.%d.post_ffw_norm.weight", l);
+            KKV_TRY(get_norm(g, &L->post_ffn_norm, name, in->n_embd));
+            if (l % GEMMA3_SWA_PERIOD < GEMMA3_SWA_PERIOD - 1) L->window = in->sliding_window;
+        }
+    }
+    if (m->gemma) {
+        m->layer_window = malloc((size_t)in->n_layers * sizeof *m->layer_window);
+        if (!m->layer_window) return kkv_fail(KKV_ERR_NOMEM, "model: out of memory");
+        for (int l = 0; l < in->n_layers; l++) m->layer_window[l] = m->layers[l].window;
     }
     if (m->rope_pairs > 0) KKV_TRY(get_opt_vec(g, &m->rope_ff, "rope_freqs.weight", m->rope_pairs));
     for (int i = 0; m->rope_ff && i < m->rope_pairs; i++)
@@ -284,12 +335,14 @@ static kkv_status alloc_work(kkv_model *m) {
     size_t qd = (size_t)in->n_heads * in->head_dim;
     size_t kvd = (size_t)in->n_kv_heads * in->head_dim;
     size_t rp = (size_t)(m->rope_pairs > 0 ? m->rope_pairs : 1);
+    int swa_tables = m->layer_window != NULL;
     size_t floats = C * (3 * (size_t)in->n_embd + 2 * qd + 2 * kvd + 2 * (size_t)in->n_ff +
-                         2 * rp);
+                         (swa_tables ? 4 : 2) * rp);
     m->work_mem = malloc(floats * sizeof(float));
     m->w.pos = malloc(C * sizeof *m->w.pos);
     m->inv_freq = malloc(rp * sizeof *m->inv_freq);
-    if (!m->work_mem || !m->w.pos || !m->inv_freq)
+    if (swa_tables) m->inv_freq_swa = malloc(rp * sizeof *m->inv_freq_swa);
+    if (!m->work_mem || !m->w.pos || !m->inv_freq || (swa_tables && !m->inv_freq_swa))
         return kkv_fail(KKV_ERR_NOMEM, "model: out of memory for working buffers");
     float *p = m->work_mem;
     m->w.x = p, p += C * in->n_embd;
@@ -302,7 +355,14 @@ static kkv_status alloc_work(kkv_model *m) {
     m->w.gate = p, p += C * in->n_ff;
     m->w.up = p, p += C * in->n_ff;
     m->w.cs = p, p += C * rp;
-    m->w.sn = p;
+    m->w.sn = p, p += C * rp;
+    if (swa_tables) {
+        m->w.cs_swa = p, p += C * rp;
+        m->w.sn_swa = p;
+        /* windowed layers: their own base, no scaling (llama.cpp's
+         * rope_freq_scale_train_swa = 1) */
+        kkv_op_rope_freqs(m->inv_freq_swa, 2 * m->rope_pairs, in->rope_theta_swa);
+    }
     kkv_op_rope_freqs(m->inv_freq, 2 * m->rope_pairs, in->rope_theta);
     /* scaling divides the angle: linear by one factor, Llama 3 per pair */
     for (int i = 0; i < m->rope_pairs; i++) {
@@ -432,6 +492,8 @@ void kkv_model_free(kkv_model *m) {
             free(m->layers[l].bv);
             free(m->layers[l].q_norm);
             free(m->layers[l].k_norm);
+            free(m->layers[l].post_attn_norm);
+            free(m->layers[l].post_ffn_norm);
         }
         free(m->layers);
     }
@@ -440,6 +502,8 @@ void kkv_model_free(kkv_model *m) {
     free(m->work_mem);
     free(m->w.pos);
     free(m->inv_freq);
+    free(m->inv_freq_swa);
+    free(m->layer_window);
     kkv_tp_free(m->tp_own);
     kkv_tok_free(m->tok);
     kkv_gguf_close(m->gguf);
@@ -498,6 +562,7 @@ kkv_cache_config kkv_model_cache_config(const kkv_model *m, const kkv_method *me
     cfg.n_kv_heads = m->info.n_kv_heads;
     cfg.head_dim = m->info.head_dim;
     cfg.pool_bytes = pool_bytes;
+    cfg.layer_window = m->layer_window; /* borrowed until kkv_cache_create copies it */
     /* Attention uses as many threads as the matmuls; the two never overlap. */
     cfg.n_threads = kkv_tp_size(m->tp);
     if (method) cfg.method = *method;
@@ -572,4 +637,9 @@ kkv_status kkv_detokenize(const kkv_model *m, char *buf, size_t cap, size_t *n_o
     if (w > cap)
         return kkv_fail(KKV_ERR_INVALID_ARG, "detokenize: %zu bytes needed, %zu given", w, cap);
     return KKV_OK;
+}
+
+int kkv_model_layer_window(const kkv_model *m, int layer) {
+    if (!m || !m->layers || layer < 0 || layer >= m->info.n_layers) return 0;
+    return m->layers[layer].window;
 }

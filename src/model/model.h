@@ -32,6 +32,10 @@ typedef struct kkv_layer {
     float     *bq, *bk, *bv; /* [n_heads*head_dim] / [n_kv_heads*head_dim] biases (Qwen2), owned, or NULL */
     float     *q_norm;    /* [head_dim] per-head RMSNorm of Q before RoPE (Qwen3), owned, or NULL */
     float     *k_norm;    /* [head_dim] same for K, or NULL */
+    float     *post_attn_norm; /* [n_embd] RMSNorm of the attention output before the
+                                  residual add (gemma3), owned, or NULL */
+    float     *post_ffn_norm;  /* [n_embd] same for the FFN output, or NULL */
+    int        window;    /* sliding window in tokens (gemma3 local layers), 0 = global */
 } kkv_layer;
 
 /* Working buffers for up to KKV_MODEL_CHUNK tokens (C below), one allocation. */
@@ -47,6 +51,8 @@ typedef struct kkv_model_work {
     float  *up;    /* [C][n_ff]                            */
     float  *cs;    /* [C][rope_pairs] cos per token        */
     float  *sn;    /* [C][rope_pairs] sin per token        */
+    float  *cs_swa; /* [C][rope_pairs] cos/sin with the windowed layers' base */
+    float  *sn_swa; /* (gemma3), or NULL when every layer uses cs/sn          */
     int64_t *pos;  /* [C] position of each token           */
 } kkv_model_work;
 
@@ -63,6 +69,13 @@ struct kkv_model {
     kkv_model_info info;
     int            rope_pairs; /* rope.dimension_count / 2 */
     double        *inv_freq;   /* [rope_pairs], scaling (rope_freqs / linear) folded in */
+    double        *inv_freq_swa; /* [rope_pairs] windowed layers (own base, no scaling), or NULL */
+    int            qk_norm;    /* per-head Q/K norms are allowed (qwen3, gemma3) */
+    int            gemma;      /* gemma3 block: embedding * sqrt(n_embd), post-norms, GeGLU */
+    float          q_scale;    /* query multiplier so that the cache's 1/sqrt(D) gives the
+                                  model's attention scale (1 but for Gemma 3 27B) */
+    int           *layer_window; /* [n_layers] copy of each layer's window (0 = global), for
+                                    kkv_model_cache_config; NULL when no layer has one */
     float          rope_scale; /* linear rope.scaling.factor (1 = none) */
     float         *rope_ff;    /* [rope_pairs] rope_freqs.weight (Llama 3 scaling), owned, or NULL */
     kkv_weight     tok_embd;   /* [n_vocab][n_embd] */

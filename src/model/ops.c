@@ -54,6 +54,14 @@ void kkv_op_swiglu(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+void kkv_op_geglu(float *g, const float *u, int n) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int i = 0; i < n; i++) {
+        float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
 void kkv_op_softmax(float *x, int n) {
     float mx = x[kkv_argmax(x, n)];
     double sum = 0.0;

@@ -36,6 +36,10 @@ void kkv_op_rope_neox(float *x, int n_heads, int head_dim, const float *cs, cons
 /* g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u. g, u: [n]. */
 void kkv_op_swiglu(float *g, const float *u, int n);
 
+/* g[i] = gelu(g[i]) * u[i] with the tanh approximation (Gemma's GeGLU):
+ * gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). g, u: [n]. */
+void kkv_op_geglu(float *g, const float *u, int n);
+
 /* x[i] = exp(x[i] - max) / sum, in place, sum in double. x: [n], n >= 1. */
 void kkv_op_softmax(float *x, int n);
 
