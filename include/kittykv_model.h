@@ -142,6 +142,13 @@ uint64_t kkv_model_fingerprint(const kkv_model *m);
  * layer or model). kkv_model_cache_config() passes every layer's to the cache. */
 int kkv_model_layer_window(const kkv_model *m, int layer);
 
+/* For tests and experiments: window > 0 replaces the sliding window of every
+ * windowed layer (the model is then not the one it was trained as; a short
+ * window lets a short run exercise the windowed path). Caches must be made
+ * after it (kkv_model_cache_config). KKV_ERR_INVALID_ARG for window < 1 or a
+ * model without windowed layers. */
+kkv_status kkv_model_set_sliding_window(kkv_model *m, int window);
+
 /* A cache config with the model's shape, the method and the budget, and the
  * model's per-layer windows (layer_window points into the model: valid while
  * it lives; the cache copies it at kkv_cache_create). */

@@ -643,3 +643,16 @@ int kkv_model_layer_window(const kkv_model *m, int layer) {
     if (!m || !m->layers || layer < 0 || layer >= m->info.n_layers) return 0;
     return m->layers[layer].window;
 }
+
+kkv_status kkv_model_set_sliding_window(kkv_model *m, int window) {
+    if (!m) return kkv_fail(KKV_ERR_INVALID_ARG, "set_sliding_window: NULL model");
+    if (!m->layer_window)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "set_sliding_window: the model has no windowed "
+                        "layers");
+    if (window < 1)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "set_sliding_window: window %d < 1", window);
+    for (int l = 0; l < m->info.n_layers; l++)
+        if (m->layers[l].window) m->layers[l].window = m->layer_window[l] = window;
+    m->info.sliding_window = window;
+    return KKV_OK;
+}

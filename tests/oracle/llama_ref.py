@@ -37,7 +37,22 @@ factor i) and/or {arch}.rope.scaling.type = linear (angle / factor).
 
 Architectures: llama; qwen2 (adds blk.N.attn_{q,k,v}.bias after the
 projections); qwen3 (blk.N.attn_{q,k}_norm.weight: RMSNorm of each head of Q
-and K, eps as the block norms, before RoPE).
+and K, eps as the block norms, before RoPE); gemma3, written from the Gemma 3
+paper / HF modelling description rather than from any engine:
+  - token embeddings times sqrt(n_embd); output tied to them;
+  - QK-norm as qwen3, NeoX RoPE; RoPE base gemma3.rope.freq_base (1e6) on
+    global layers and gemma3.rope.freq_base_swa (default 1e4, Gemma's
+    rope_local_base_freq) on local ones;
+  - local ("sliding") layers: every layer but each 6th (l % 6 != 5); a query
+    at position i sees keys j with i - W < j <= i, W = attention.sliding_window;
+  - attention scale 1/sqrt(query_pre_attn_scalar) = 1/sqrt(head_dim);
+  - x += rmsnorm(attn(rmsnorm(x) * attn_norm)) * post_attention_norm, then
+    x += rmsnorm(ffn(rmsnorm(x) * ffn_norm)) * post_ffw_norm, with
+    ffn(h) = down(gelu_tanh(gate h) * up h);
+  - the GGUF norm weights already hold Gemma's (1 + w): llama.cpp's converter
+    adds the 1, so they are used as they are (checked: with the 1 added again
+    the model no longer continues text sensibly).
+The window can be overridden (window=) to exercise it at a short context.
 
 Usage as a script (sanity check that the model talks):
     llama_ref.py MODEL.gguf --chat "What is the capital of France?" -n 40
@@ -115,17 +130,19 @@ def round_fp16(x):
 class LlamaRef:
     """A Llama model held as float64 numpy arrays, with a simple KV cache."""
 
-    def __init__(self, path, act_q8=False, kv_fp16=False):
+    def __init__(self, path, act_q8=False, kv_fp16=False, window=None):
         """act_q8, kv_fp16: emulate kittykv's activation and fp16-cache
-        rounding (module docstring); may be changed between resets."""
+        rounding (module docstring); may be changed between resets.
+        window: gemma3's sliding window instead of the file's."""
         self.act_q8 = act_q8
         self.kv_fp16 = kv_fp16
         r = gguf.GGUFReader(path)
         arch = _field(r, "general.architecture")
-        if arch not in ("llama", "qwen2", "qwen3"):
+        if arch not in ("llama", "qwen2", "qwen3", "gemma3"):
             raise ValueError(f"unsupported architecture {arch!r}")
         self.arch = arch
-        self.neox = arch in ("qwen2", "qwen3")
+        self.gemma = arch == "gemma3"
+        self.neox = arch in ("qwen2", "qwen3", "gemma3")
         p = arch + "."
         self.n_layers = int(_field(r, p + "block_count"))
         self.n_embd = int(_field(r, p + "embedding_length"))
@@ -140,6 +157,8 @@ class LlamaRef:
         if stype not in ("none", "linear"):
             raise ValueError(f"rope scaling {stype!r}")
         self.rope_linear = float(_field(r, p + "rope.scaling.factor", 1.0)) if stype == "linear" else 1.0
+        self.base_swa = float(_field(r, p + "rope.freq_base_swa", 10000.0))
+        self.window = int(window or _field(r, p + "attention.sliding_window", 0) or 0)
         self.eos = _field(r, "tokenizer.ggml.eos_token_id")
         self.tokens = _field(r, "tokenizer.ggml.tokens")
         self.merges = _field(r, "tokenizer.ggml.merges")
@@ -168,7 +187,13 @@ class LlamaRef:
                 qnames.add(ten.name)
         self.embd = t["token_embd.weight"]  # [vocab][n_embd]
         out_name = "output.weight" if "output.weight" in t else "token_embd.weight"
-        self.out_t = self._transposed(t[out_name], out_name in qnames)  # [n_embd][vocab]
+        if out_name == "token_embd.weight" and self.gemma:
+            # a view, not a copy: Gemma's 262144-token table is 1.3 GB in float64
+            self.out_t = self.embd.T
+            if out_name in qnames:
+                self._quantized.add(id(self.out_t))
+        else:
+            self.out_t = self._transposed(t[out_name], out_name in qnames)  # [n_embd][vocab]
         self.out_norm = t["output_norm.weight"]
         self.layers = []
         for i in range(self.n_layers):
@@ -182,7 +207,10 @@ class LlamaRef:
                 wv=tr("attn_v"), wo=tr("attn_output"), ffn_norm=g("ffn_norm"),
                 gate=tr("ffn_gate"), up=tr("ffn_up"), down=tr("ffn_down"),
                 bq=opt("attn_q.bias"), bk=opt("attn_k.bias"), bv=opt("attn_v.bias"),
-                q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight")))
+                q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight"),
+                post_attn_norm=opt("post_attention_norm.weight"),
+                post_ffn_norm=opt("post_ffw_norm.weight"),
+                local=self.gemma and i % 6 != 5))
         rope_ff = t.get("rope_freqs.weight")
         del t
         self.n_vocab = self.embd.shape[0]
@@ -191,6 +219,9 @@ class LlamaRef:
         self.inv_freq /= self.rope_linear
         if rope_ff is not None:
             self.inv_freq /= np.asarray(rope_ff, dtype=np.float64).reshape(-1)
+        # local layers: their own base, unscaled
+        self.inv_freq_swa = self.base_swa ** (-2.0 * np.arange(half, dtype=np.float64) /
+                                              self.rope_dims)
         self.reset()
 
     def _transposed(self, w, quantized):
@@ -218,10 +249,11 @@ class LlamaRef:
             x = quantize_q8(x)
         return x @ wt
 
-    def _rope(self, x, pos):
+    def _rope(self, x, pos, inv_freq=None):
         """x: [n][heads][head_dim], pos: [n]; rotates pairs (2i, 2i+1) in place."""
         half = self.rope_dims // 2
-        ang = pos[:, None].astype(np.float64) * self.inv_freq[None, :]  # [n][half]
+        f = self.inv_freq if inv_freq is None else inv_freq
+        ang = pos[:, None].astype(np.float64) * f[None, :]  # [n][half]
         c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
         if self.neox:  # pairs (i, i + half)
             ia, ib = slice(0, half), slice(half, 2 * half)
@@ -242,8 +274,13 @@ class LlamaRef:
         hd, nh, nkv = self.head_dim, self.n_heads, self.n_kv
         grp = nh // nkv
         x = self.embd[ids].astype(np.float64)  # [n][n_embd]
-        # causal mask over [n][p0 + n]
+        if self.gemma:
+            x = x * np.sqrt(float(self.n_embd))
+        # causal mask over [n][p0 + n]; local layers also hide keys W or more back
         mask = np.arange(p0 + n)[None, :] > pos[:, None]
+        if self.window:
+            far = np.arange(p0 + n)[None, :] <= pos[:, None] - self.window
+            mask_local = mask | far
         for li, L in enumerate(self.layers):
             xn = self._rms(x, L["attn_norm"])
             q, k, v = self._mm(xn, L["wq"]), self._mm(xn, L["wk"]), self._mm(xn, L["wv"])
@@ -252,7 +289,8 @@ class LlamaRef:
             q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
             if L["q_norm"] is not None:
                 q, k = self._rms(q, L["q_norm"]), self._rms(k, L["k_norm"])
-            q, k = self._rope(q, pos), self._rope(k, pos)
+            fr = self.inv_freq_swa if L["local"] else None
+            q, k = self._rope(q, pos, fr), self._rope(k, pos, fr)
             if self.kv_fp16:
                 k, v = round_fp16(k), round_fp16(v)
             self.k[li] = np.concatenate([self.k[li], k])
@@ -262,16 +300,26 @@ class LlamaRef:
             for h in range(nh):
                 kv = h // grp
                 sc = q[:, h, :] @ K[:, kv, :].T / np.sqrt(hd)  # [n][T]
-                sc[mask] = -np.inf
+                sc[mask_local if L["local"] else mask] = -np.inf
                 sc -= sc.max(axis=1, keepdims=True)
                 pr = np.exp(sc)
                 pr /= pr.sum(axis=1, keepdims=True)
                 att[:, h, :] = pr @ V[:, kv, :]
-            x = x + self._mm(att.reshape(n, nh * hd), L["wo"])
+            o = self._mm(att.reshape(n, nh * hd), L["wo"])
+            if L["post_attn_norm"] is not None:
+                o = self._rms(o, L["post_attn_norm"])
+            x = x + o
             xn = self._rms(x, L["ffn_norm"])
             g = self._mm(xn, L["gate"])
             u = self._mm(xn, L["up"])
-            x = x + self._mm(g / (1.0 + np.exp(-g)) * u, L["down"])
+            if self.gemma:  # GeGLU, tanh approximation
+                act = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
+            else:
+                act = g / (1.0 + np.exp(-g))
+            o = self._mm(act * u, L["down"])
+            if L["post_ffn_norm"] is not None:
+                o = self._rms(o, L["post_ffn_norm"])
+            x = x + o
         if last_only:
             x = x[-1:]
         return self._mm(self._rms(x, self.out_norm), self.out_t)
@@ -297,7 +345,17 @@ class LlamaRef:
 
     # ---- text helpers (only for the standalone sanity check)
     def detok(self, ids):
-        """GPT-2 byte-level decoding of token strings."""
+        """GPT-2 byte-level decoding of token strings (SentencePiece pieces,
+        U+2581 for spaces and <0xNN> bytes, for gemma3)."""
+        if self.gemma:
+            out = bytearray()
+            for i in ids:
+                p = self.tokens[i]
+                if len(p) == 6 and p.startswith("<0x") and p.endswith(">"):
+                    out.append(int(p[3:5], 16))
+                else:
+                    out += p.replace("\u2581", " ").encode()
+            return out.decode("utf-8", errors="replace")
         bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + \
             list(range(0xAE, 0x100))
         cs = bs[:]

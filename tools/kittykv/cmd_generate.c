@@ -20,14 +20,17 @@
 #define CMD "generate"
 #define MAX_COMPARE 16 /* methods in one --compare list */
 
-/* Options. Four are for tests and left out of --help:
+/* Options. Five are for tests and left out of --help:
  *   --prompt-ids LIST  comma-separated token ids instead of -p text
  *   --ids-out FILE     the generated ids, comma-separated (stop token included)
  *   --logits-out FILE  the last prompt position's logits, raw float32 [n_vocab]
  *   --exact-matmul     kkv_model_set_exact_matmul(m, 1): fp32 activations in the
  *                      matmuls instead of 8-bit blocks, so that the oracle test
  *                      (tests/oracle/test_forward.py) can hold logits to a tight
- *                      tolerance and greedy tokens to an exact match. Slower. */
+ *                      tolerance and greedy tokens to an exact match. Slower.
+ *   --sliding-window W kkv_model_set_sliding_window(m, W): a short window, so the
+ *                      Gemma oracle test (tests/oracle/test_gemma.py) exercises
+ *                      the windowed layers in a short run. */
 typedef struct opts {
     const char *model;
     const char *prompt;
@@ -44,6 +47,7 @@ typedef struct opts {
     int         n_methods;  /* 1 without --compare */
     int         n_gen, threads, ctx, chat, have_alpha, have_budget, have_kv;
     int         exact_matmul; /* hidden: --exact-matmul */
+    int         window;       /* hidden: --sliding-window W (0: the model's) */
     float       alpha, temp, top_p, min_p, repeat_penalty, budget_mb;
     int         top_k, repeat_last_n, have_temp;
     uint64_t    seed;
@@ -117,6 +121,7 @@ static int defs_of(opt_def *d, opts *o) {
         {0, "ids-out", OPT_STRING, 0, 0, &o->ids_out, NULL, "FILE", NULL},
         {0, "logits-out", OPT_STRING, 0, 0, &o->logits_out, NULL, "FILE", NULL},
         {0, "exact-matmul", OPT_FLAG, 0, 0, &o->exact_matmul, NULL, NULL, NULL},
+        {0, "sliding-window", OPT_INT, 1, 1 << 30, &o->window, NULL, "W", NULL},
     };
     memcpy(d, t, sizeof t);
     return OPTS_N(t);
@@ -566,6 +571,8 @@ static int generate(const opts *o, run_state *r) {
     if (cli_model_load(&r->model, o->model, r->tp, CMD)) return 1;
     if (o->exact_matmul && kkv_model_set_exact_matmul(r->model, 1) != KKV_OK)
         return fail("--exact-matmul");
+    if (o->window && kkv_model_set_sliding_window(r->model, o->window) != KKV_OK)
+        return fail("--sliding-window");
     kkv_model_info info;
     kkv_model_get_info(r->model, &info);
 
