@@ -227,8 +227,8 @@ static void bounded(void) {
 }
 
 /* Fork and save/load in the middle of a windowed run continue exactly. */
-static void fork_and_state(const char *spec, int D) {
-    int win[L] = {37, 0}, T1 = 300, T2 = 200;
+static void fork_and_state(const char *spec, int D, int W) {
+    int win[L] = {W, 0}, T1 = 300, T2 = 200;
     kkv_cache *a = make(spec, D, win, 64u << 20);
     if (!a) return;
     int p, ch, ld;
@@ -258,7 +258,7 @@ static void fork_and_state(const char *spec, int D) {
     }
     CHECK(same, "%s: fork / loaded state diverge from the parent", spec);
     /* a cache with other windows refuses the state */
-    int other[L] = {36, 0};
+    int other[L] = {W + 1, 0};
     kkv_cache *b = make(spec, D, other, 64u << 20), *c0 = make(spec, D, NULL, 64u << 20);
     int x;
     CHECK(b && kkv_seq_load(b, &x, buf, n, 0, NULL, 0, NULL) == KKV_ERR_FORMAT,
@@ -305,8 +305,9 @@ int main(void) {
             equality(specs[i], 32, G[i], S[i], Ws[w], 260, 1);
     equality("kitty", 256, 128, 32, 512, 800, 3); /* Gemma's shape and window */
     bounded();
-    fork_and_state("kitty:group=16:sink=8:window=16", 32);
-    fork_and_state("kitty:group=16:sink=8:window=16:eager=1", 32);
+    fork_and_state("kitty:group=16:sink=8:window=16", 32, 37);
+    fork_and_state("kitty:group=16:sink=8:window=16:eager=1", 32, 37);
+    fork_and_state("fp16:group=16", 32, 1); /* saved with every page released */
     bad_input();
     return tu_summary();
 }

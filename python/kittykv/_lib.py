@@ -66,7 +66,8 @@ class Method(Structure):  # kkv_method
 class CacheConfig(Structure):  # kkv_cache_config
     _fields_ = [("n_layers", c_int), ("n_kv_heads", c_int), ("head_dim", c_int),
                 ("pool_bytes", c_size_t), ("max_seqs", c_int), ("max_tokens", c_int),
-                ("n_threads", c_int), ("method", Method)]
+                ("n_threads", c_int), ("method", Method),
+                ("layer_window", POINTER(c_int))]  # NULL here: no windowed layers
 
 
 class SeqInfo(Structure):  # kkv_seq_info
@@ -92,7 +93,8 @@ class ModelInfo(Structure):  # kkv_model_info
                 ("head_dim", c_int), ("n_ff", c_int), ("n_vocab", c_int),
                 ("n_ctx_train", c_int), ("rope_theta", c_float), ("rms_eps", c_float),
                 ("bos", c_int), ("eos", c_int), ("eot", c_int), ("weight_bytes", c_uint64),
-                ("rope_neox", c_int), ("rope_dims", c_int)]
+                ("rope_neox", c_int), ("rope_dims", c_int),
+                ("sliding_window", c_int), ("rope_theta_swa", c_float)]
 
 
 class ChatMsg(Structure):  # kkv_chat_msg

@@ -344,6 +344,7 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
             st = kkv_fail(KKV_ERR_NOMEM, "seq_load: out of memory");
         y->cap_slots = ns;
         for (int p = 0; p < k.drop && st == KKV_OK; p++) y->slots[p] = -1; /* released */
+        if (st == KKV_OK) y->n_slots = k.drop; /* the table keeps its length */
         for (int p = k.drop; p < ns && st == KKV_OK; p++) {
             st = kkv_pool_take(c, &y->slots[p]);
             if (st == KKV_OK) y->n_slots = p + 1;

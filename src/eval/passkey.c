@@ -1,5 +1,6 @@
 /* Passkey retrieval (kittykv_eval.h): a 5-digit key hidden at a chosen depth
- * of a synthetic haystack inside SmolLM2's ChatML template; a trial passes
+ * of a synthetic haystack inside SmolLM2's ChatML template (or the model's own
+ * chat template when it is another family, e.g. Gemma's); a trial passes
  * when the greedy answer contains the key. Every method sees exactly the same
  * token ids: the prompts are built and tokenized once. */
 #include <math.h>
@@ -59,10 +60,45 @@ static int count_tokens(const kkv_model *m, const char *text, int special) {
     return n;
 }
 
-/* Token counts of the prompt's parts, measured once. */
+/* Token counts of the prompt's parts, measured once, and the framing texts. */
 typedef struct parts {
     int head, filler, needle, tail;
+    const char *htext, *ttext; /* HEAD and TAIL, or the model's own template's */
 } parts;
+
+#define FRAME_CAP 1024
+/* The task's user text around the haystack (HEAD and TAIL hold it in ChatML). */
+static const char *const ASK =
+    "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
+    "I will quiz you about the pass key.\n";
+static const char *const QUESTION = "\nWhat is the pass key?";
+static const char *const ANSWER = "The pass key is";
+
+/* head/tail [FRAME_CAP]: HEAD and TAIL in the model's own chat template when
+ * it has one other than ChatML (Gemma 3's turns); ChatML models (SmolLM2)
+ * and models without a known template keep HEAD and TAIL byte for byte. */
+static void frame(const kkv_model *m, char *head, char *tail) {
+    const char *name = NULL;
+    snprintf(head, FRAME_CAP, "%s", HEAD);
+    snprintf(tail, FRAME_CAP, "%s", TAIL);
+    if (kkv_chat_template_detect(m, &name) != KKV_OK || !strcmp(name, "chatml")) {
+        kkv_clear_error();
+        return;
+    }
+    kkv_chat_msg msg = {"user", "\x01"}; /* a marker where the user text goes */
+    char buf[FRAME_CAP / 2]; /* leaves room for the task text in head and tail */
+    size_t len = 0;
+    if (kkv_chat_format(m, buf, sizeof buf - 1, &len, &msg, 1, 1, NULL) != KKV_OK) {
+        kkv_clear_error();
+        return;
+    }
+    buf[len] = 0;
+    char *mark = strchr(buf, '\x01');
+    if (!mark) return;
+    *mark = 0;
+    snprintf(head, FRAME_CAP, "%s%s", buf, ASK);
+    snprintf(tail, FRAME_CAP, "%s%s%s", QUESTION, mark + 1, ANSWER);
+}
 
 /* The prompt text for a target length: as many filler units as fit, the
  * needle after round(depth * units) of them. malloc'd, NULL when out of memory. */
@@ -72,11 +108,12 @@ static char *build_prompt(const parts *pt, int length, float depth, int key) {
     int before = (int)((double)depth * units + 0.5);
     char needle[160];
     snprintf(needle, sizeof needle, NEEDLE, key, key);
-    size_t cap = strlen(HEAD) + strlen(needle) + strlen(TAIL) + (size_t)units * strlen(FILLER) + 1;
+    size_t cap = strlen(pt->htext) + strlen(needle) + strlen(pt->ttext) +
+                 (size_t)units * strlen(FILLER) + 1;
     char *s = malloc(cap); /* [cap] */
     if (!s) return NULL;
     char *p = s;
-    p += sprintf(p, "%s", HEAD);
+    p += sprintf(p, "%s", pt->htext);
     for (int u = 0; u < units; u++) {
         if (u == before) p += sprintf(p, "%s", needle);
         p += sprintf(p, "%s", FILLER);
@@ -84,7 +121,7 @@ static char *build_prompt(const parts *pt, int length, float depth, int key) {
     if (before >= units) p += sprintf(p, "%s", needle);
     /* the haystack ends with a space; the question starts a new line */
     if (p > s && p[-1] == ' ') p--;
-    sprintf(p, "%s", TAIL);
+    sprintf(p, "%s", pt->ttext);
     return s;
 }
 
@@ -210,8 +247,10 @@ kkv_status kkv_passkey_run(kkv_passkey_cell *cells, kkv_model *m, const kkv_pass
     /* A filler unit's marginal cost: inside the haystack it merges with the
      * space before it, so count two units minus one. */
     snprintf(two, sizeof two, "%s%s", FILLER, FILLER);
-    parts pt = {count_tokens(m, HEAD, 1), count_tokens(m, two, 0) - count_tokens(m, FILLER, 0),
-                count_tokens(m, needle, 0), count_tokens(m, TAIL, 1)};
+    char head[FRAME_CAP], tail[FRAME_CAP];
+    frame(m, head, tail);
+    parts pt = {count_tokens(m, head, 1), count_tokens(m, two, 0) - count_tokens(m, FILLER, 0),
+                count_tokens(m, needle, 0), count_tokens(m, tail, 1), head, tail};
     if (pt.head < 0 || pt.filler <= 0 || pt.needle < 0 || pt.tail < 0) {
         st = quote(KKV_ERR_FORMAT, "tokenizing the template", "prompt");
         goto done;

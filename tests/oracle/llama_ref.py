@@ -160,8 +160,9 @@ class LlamaRef:
         self.base_swa = float(_field(r, p + "rope.freq_base_swa", 10000.0))
         self.window = int(window or _field(r, p + "attention.sliding_window", 0) or 0)
         self.eos = _field(r, "tokenizer.ggml.eos_token_id")
-        self.tokens = _field(r, "tokenizer.ggml.tokens")
-        self.merges = _field(r, "tokenizer.ggml.merges")
+        # the vocabulary is read when first used (text helpers only): Gemma's
+        # 262144 strings take a minute of Python on a busy machine
+        self._reader = r
 
         t = {}
         qnames = set()  # tensors stored in block formats
@@ -223,6 +224,25 @@ class LlamaRef:
         self.inv_freq_swa = self.base_swa ** (-2.0 * np.arange(half, dtype=np.float64) /
                                               self.rope_dims)
         self.reset()
+
+    @property
+    def tokens(self):
+        if not hasattr(self, "_tokens"):
+            self._tokens = _field(self._reader, "tokenizer.ggml.tokens")
+        return self._tokens
+
+    @property
+    def merges(self):
+        if not hasattr(self, "_merges"):
+            self._merges = _field(self._reader, "tokenizer.ggml.merges")
+        return self._merges
+
+    def piece(self, i):
+        """The text of one token without reading the whole vocabulary."""
+        if hasattr(self, "_tokens"):
+            return self._tokens[i]
+        f = self._reader.fields["tokenizer.ggml.tokens"]
+        return bytes(f.parts[f.data[i]]).decode("utf-8")
 
     def _transposed(self, w, quantized):
         wt = np.ascontiguousarray(w.T)
@@ -350,7 +370,7 @@ class LlamaRef:
         if self.gemma:
             out = bytearray()
             for i in ids:
-                p = self.tokens[i]
+                p = self.piece(i)
                 if len(p) == 6 and p.startswith("<0x") and p.endswith(">"):
                     out.append(int(p[3:5], 16))
                 else:
@@ -368,7 +388,7 @@ class LlamaRef:
         inv = {chr(c): b for b, c in zip(bs, cs)}
         out = bytearray()
         for i in ids:
-            s = self.tokens[i]
+            s = self.piece(i)
             if s.startswith("<|") and s.endswith("|>"):
                 out += s.encode()
             else:
