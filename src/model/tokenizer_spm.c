@@ -45,6 +45,13 @@ typedef struct span {
     uint32_t off, len; /* into an arena */
 } span;
 
+/* A slot of a text -> id map; the hash is kept so that a probe rarely has to
+ * touch the token text (most probes during merging are misses). */
+typedef struct slot {
+    uint32_t hash;
+    int32_t  id; /* -1: free */
+} slot;
+
 /* A trie of the special tokens' escaped texts (first child, next sibling). */
 typedef struct trie_node {
     int32_t child, sibling; /* node index, -1 none */
@@ -60,8 +67,8 @@ struct kkv_spm {
     span    *piece;       /* [n_vocab] */
     float   *score;       /* [n_vocab] tokenizer.ggml.scores */
     int8_t  *type;        /* [n_vocab] KKV_TOKTYPE_* */
-    int32_t *all;         /* [mask + 1] open addressing text -> id, every token; -1 free */
-    int32_t *mrg;         /* [mask + 1] text -> id of the pieces a merge may make */
+    slot    *all;         /* [mask + 1] open addressing text -> id, every token */
+    slot    *mrg;         /* [mask + 1] text -> id of the pieces a merge may make */
     uint32_t mask;
     int32_t  byte_id[256]; /* <0xNN> token of each byte, -1 if the vocabulary lacks it */
     int32_t  unk;          /* -1 if none */
@@ -81,25 +88,29 @@ static uint32_t hash_bytes(const char *p, size_t n) {
     return h;
 }
 
-static int32_t map_get(const kkv_spm *s, const int32_t *map, const char *p, size_t n) {
-    for (uint32_t i = hash_bytes(p, n) & s->mask;; i = (i + 1) & s->mask) {
-        int32_t id = map[i];
-        if (id < 0) return -1;
-        if (s->text[id].len == n && !memcmp(s->text_arena + s->text[id].off, p, n)) return id;
+static int same_text(const kkv_spm *s, int32_t id, const char *p, size_t n) {
+    return s->text[id].len == n && !memcmp(s->text_arena + s->text[id].off, p, n);
+}
+
+static int32_t map_get(const kkv_spm *s, const slot *map, const char *p, size_t n) {
+    uint32_t h = hash_bytes(p, n);
+    for (uint32_t i = h & s->mask;; i = (i + 1) & s->mask) {
+        if (map[i].id < 0) return -1;
+        if (map[i].hash == h && same_text(s, map[i].id, p, n)) return map[i].id;
     }
 }
 
 /* Inserts id unless a token of the same text is there (the first one wins). */
-static void map_put(kkv_spm *s, int32_t *map, int32_t id) {
+static void map_put(kkv_spm *s, slot *map, int32_t id) {
     const char *p = s->text_arena + s->text[id].off;
     size_t n = s->text[id].len;
-    for (uint32_t i = hash_bytes(p, n) & s->mask;; i = (i + 1) & s->mask) {
-        int32_t o = map[i];
-        if (o < 0) {
-            map[i] = id;
+    uint32_t h = hash_bytes(p, n);
+    for (uint32_t i = h & s->mask;; i = (i + 1) & s->mask) {
+        if (map[i].id < 0) {
+            map[i] = (slot){h, id};
             return;
         }
-        if (s->text[o].len == n && !memcmp(s->text_arena + s->text[o].off, p, n)) return;
+        if (map[i].hash == h && same_text(s, map[i].id, p, n)) return;
     }
 }
 
