@@ -622,7 +622,7 @@ kkv_status kkv_spm_encode(const kkv_spm *s, int32_t **ids, size_t *n, const char
         return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_tokenize: NULL argument");
     *ids = NULL;
     *n = 0;
-    if (len > SIZE_MAX / 3) return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_tokenize: text too long");
+    if (len > (SIZE_MAX - 4) / 3) return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_tokenize: text too long");
     enc e = {0};
     e.s = s;
     kkv_status st = KKV_OK;
