@@ -4,9 +4,9 @@
  * (what Gemma ships), so that a sentencepiece model built from the same
  * pieces, scores and types gives the same ids (tests/oracle):
  *   1. escape: every ' ' becomes U+2581 ("▁"); with add_space_prefix one more
- *      goes in front of the text (SentencePiece's add_dummy_prefix; control
- *      tokens at the very start stay in front of it, so that a chat text
- *      beginning with <bos> gets the prefix on its first word);
+ *      goes in front of a non-empty text (SentencePiece's add_dummy_prefix;
+ *      with `special`, control tokens at the very start stay in front of it,
+ *      so that a text beginning with <bos> gets the prefix on its first word);
  *   2. split out special tokens, leftmost then longest, matched in the escaped
  *      text against their escaped texts: user-defined ones always (in
  *      SentencePiece they are pieces that are never split or merged), control
@@ -45,6 +45,13 @@ typedef struct span {
     uint32_t off, len; /* into an arena */
 } span;
 
+/* A slot of a text -> id map; the hash is kept so that a probe rarely has to
+ * touch the token text (most probes during merging are misses). */
+typedef struct slot {
+    uint32_t hash;
+    int32_t  id; /* -1: free */
+} slot;
+
 /* A trie of the special tokens' escaped texts (first child, next sibling). */
 typedef struct trie_node {
     int32_t child, sibling; /* node index, -1 none */
@@ -60,8 +67,8 @@ struct kkv_spm {
     span    *piece;       /* [n_vocab] */
     float   *score;       /* [n_vocab] tokenizer.ggml.scores */
     int8_t  *type;        /* [n_vocab] KKV_TOKTYPE_* */
-    int32_t *all;         /* [mask + 1] open addressing text -> id, every token; -1 free */
-    int32_t *mrg;         /* [mask + 1] text -> id of the pieces a merge may make */
+    slot    *all;         /* [mask + 1] open addressing text -> id, every token */
+    slot    *mrg;         /* [mask + 1] text -> id of the pieces a merge may make */
     uint32_t mask;
     int32_t  byte_id[256]; /* <0xNN> token of each byte, -1 if the vocabulary lacks it */
     int32_t  unk;          /* -1 if none */
@@ -81,25 +88,29 @@ static uint32_t hash_bytes(const char *p, size_t n) {
     return h;
 }
 
-static int32_t map_get(const kkv_spm *s, const int32_t *map, const char *p, size_t n) {
-    for (uint32_t i = hash_bytes(p, n) & s->mask;; i = (i + 1) & s->mask) {
-        int32_t id = map[i];
-        if (id < 0) return -1;
-        if (s->text[id].len == n && !memcmp(s->text_arena + s->text[id].off, p, n)) return id;
+static int same_text(const kkv_spm *s, int32_t id, const char *p, size_t n) {
+    return s->text[id].len == n && !memcmp(s->text_arena + s->text[id].off, p, n);
+}
+
+static int32_t map_get(const kkv_spm *s, const slot *map, const char *p, size_t n) {
+    uint32_t h = hash_bytes(p, n);
+    for (uint32_t i = h & s->mask;; i = (i + 1) & s->mask) {
+        if (map[i].id < 0) return -1;
+        if (map[i].hash == h && same_text(s, map[i].id, p, n)) return map[i].id;
     }
 }
 
 /* Inserts id unless a token of the same text is there (the first one wins). */
-static void map_put(kkv_spm *s, int32_t *map, int32_t id) {
+static void map_put(kkv_spm *s, slot *map, int32_t id) {
     const char *p = s->text_arena + s->text[id].off;
     size_t n = s->text[id].len;
-    for (uint32_t i = hash_bytes(p, n) & s->mask;; i = (i + 1) & s->mask) {
-        int32_t o = map[i];
-        if (o < 0) {
-            map[i] = id;
+    uint32_t h = hash_bytes(p, n);
+    for (uint32_t i = h & s->mask;; i = (i + 1) & s->mask) {
+        if (map[i].id < 0) {
+            map[i] = (slot){h, id};
             return;
         }
-        if (s->text[o].len == n && !memcmp(s->text_arena + s->text[o].off, p, n)) return;
+        if (map[i].hash == h && same_text(s, map[i].id, p, n)) return;
     }
 }
 
@@ -382,8 +393,6 @@ typedef struct enc {
     size_t   cap_sym;
     bigram  *heap;  /* [cap_heap] */
     size_t   n_heap, cap_heap;
-    char    *frag;  /* [cap_frag] a fragment with the space prefix in front */
-    size_t   cap_frag;
 } enc;
 
 static kkv_status push(enc *e, int32_t id) {
@@ -554,20 +563,6 @@ static kkv_status encode_fragment(enc *e, const char *base, size_t n) {
     return KKV_OK;
 }
 
-/* A fragment with one U+2581 in front (the space prefix). */
-static kkv_status encode_prefixed(enc *e, const char *p, size_t n) {
-    if (n > SIZE_MAX - 3) return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_tokenize: text too long");
-    if (n + 3 > e->cap_frag) {
-        free(e->frag);
-        e->frag = malloc(n + 3);
-        e->cap_frag = e->frag ? n + 3 : 0;
-        if (!e->frag) return kkv_fail(KKV_ERR_NOMEM, "kkv_tokenize: out of memory");
-    }
-    memcpy(e->frag, SPACE_MARK, 3);
-    if (n) memcpy(e->frag + 3, p, n);
-    return encode_fragment(e, e->frag, n + 3);
-}
-
 /* Longest special token (allowed by `special`) that starts at p[0..n), or -1;
  * *len gets its length. */
 static int32_t match_special(const kkv_spm *s, const uint8_t *p, size_t n, int special,
@@ -590,7 +585,6 @@ static int32_t match_special(const kkv_spm *s, const uint8_t *p, size_t n, int s
 static kkv_status encode_escaped(enc *e, const char *esc, size_t n, int special) {
     const kkv_spm *s = e->s;
     const uint8_t *p = (const uint8_t *)esc;
-    int prefix = s->add_space && n > 0;
     size_t start = 0;
     for (size_t i = 0; i < n;) {
         size_t ml = 0;
@@ -600,17 +594,26 @@ static kkv_status encode_escaped(enc *e, const char *esc, size_t n, int special)
             i += l ? l : 1;
             continue;
         }
-        int control = s->type[id] != KKV_TOKTYPE_USER;
-        if (prefix && (i > start || !control)) {
-            KKV_TRY(encode_prefixed(e, esc + start, i - start));
-            prefix = 0;
-        } else KKV_TRY(encode_fragment(e, esc + start, i - start));
+        KKV_TRY(encode_fragment(e, esc + start, i - start));
         KKV_TRY(push(e, id));
         i += ml;
         start = i;
     }
-    if (prefix && n > start) return encode_prefixed(e, esc + start, n - start);
     return encode_fragment(e, esc + start, n - start);
+}
+
+/* The control tokens that open the escaped text esc [n] (with `special`):
+ * they go out before the space prefix. Returns the bytes they take. */
+static kkv_status leading_controls(enc *e, const char *esc, size_t n, size_t *lead) {
+    *lead = 0;
+    while (*lead < n) {
+        size_t ml = 0;
+        int32_t id = match_special(e->s, (const uint8_t *)esc + *lead, n - *lead, 1, &ml);
+        if (id < 0 || e->s->type[id] == KKV_TOKTYPE_USER) break;
+        KKV_TRY(push(e, id));
+        *lead += ml;
+    }
+    return KKV_OK;
 }
 
 kkv_status kkv_spm_encode(const kkv_spm *s, int32_t **ids, size_t *n, const char *text,
@@ -619,27 +622,32 @@ kkv_status kkv_spm_encode(const kkv_spm *s, int32_t **ids, size_t *n, const char
         return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_tokenize: NULL argument");
     *ids = NULL;
     *n = 0;
-    if (len > SIZE_MAX / 3) return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_tokenize: text too long");
+    if (len > (SIZE_MAX - 4) / 3) return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_tokenize: text too long");
     enc e = {0};
     e.s = s;
     kkv_status st = KKV_OK;
-    char *esc = malloc(3 * len + 1); /* [<= 3 * len] every ' ' as U+2581 */
-    if (!esc) st = kkv_fail(KKV_ERR_NOMEM, "kkv_tokenize: out of memory");
+    /* [3 + <= 3 * len] room for the prefix, then the text with every ' ' as U+2581 */
+    char *buf = malloc(3 * len + 4), *esc = buf ? buf + 3 : NULL;
+    if (!buf) st = kkv_fail(KKV_ERR_NOMEM, "kkv_tokenize: out of memory");
     size_t m = 0;
-    for (size_t i = 0; esc && i < len; i++) {
+    for (size_t i = 0; buf && i < len; i++) {
         if (text[i] == ' ') {
             memcpy(esc + m, SPACE_MARK, 3);
             m += 3;
         } else esc[m++] = text[i];
     }
     if (st == KKV_OK && bos >= 0) st = push(&e, bos);
-    if (st == KKV_OK) st = encode_escaped(&e, esc, m, special);
-    free(esc);
+    size_t lead = 0;
+    if (st == KKV_OK && s->add_space && special) st = leading_controls(&e, esc, m, &lead);
+    if (st == KKV_OK && s->add_space && lead < m) { /* the prefix, where the consumed bytes were */
+        memcpy(esc + lead - 3, SPACE_MARK, 3);
+        st = encode_escaped(&e, esc + lead - 3, m - lead + 3, special);
+    } else if (st == KKV_OK) st = encode_escaped(&e, esc + lead, m - lead, special);
+    free(buf);
     free(e.sym);
     free(e.tree);
     free(e.stack);
     free(e.heap);
-    free(e.frag);
     if (st != KKV_OK) {
         free(e.out);
         return st;
