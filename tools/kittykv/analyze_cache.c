@@ -15,6 +15,12 @@
 
 int an_heatmap(an_ctx *a) {
     const int L = a->o.layer, H = a->info.n_kv_heads, D = a->info.head_dim, N = a->o.ctx;
+    const int W = kkv_model_layer_window(a->m, L);
+    if (W > 0 && N > W) { /* its keys before the window are released, read back as 0 */
+        fprintf(stderr, "kittykv analyze heatmap: layer %d is a sliding-window layer (its "
+                "newest %d tokens only); pick a global layer or --ctx <= %d\n", L, W, W);
+        return 1;
+    }
     kkv_method fp16;
     kkv_method_from_name(&fp16, "fp16");
     kkv_cache *c = NULL;
