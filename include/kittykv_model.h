@@ -96,8 +96,10 @@ typedef struct kkv_model_info {
 
 /* Loads a GGUF model (mmap). n_threads: threads for matmuls (0: all cores).
  * Architectures: llama (incl. Llama 3 rope_freqs / linear rope scaling),
- * qwen2 (QKV biases, NeoX RoPE), qwen3 (per-head Q/K RMSNorm, NeoX RoPE), gemma3 (QK-norm, post-norms,
- * GeGLU, embedding scale, sliding-window layers with their own RoPE base).
+ * qwen2 (QKV biases, NeoX RoPE), qwen3 (per-head Q/K RMSNorm, NeoX RoPE),
+ * gemma3 (QK-norm, post-norms, GeGLU, embedding scale, sliding-window layers
+ * with their own RoPE base; the norms as llama.cpp's converter stores them,
+ * Gemma's 1 + w already added).
  * KKV_ERR_IO (not found, unreadable, not a regular file: a FIFO fails at
  * once), KKV_ERR_FORMAT (malformed GGUF, inconsistent shapes, a tokenizer
  * vocabulary whose size is not token_embd's row count), KKV_ERR_UNSUPPORTED
