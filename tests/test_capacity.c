@@ -180,7 +180,7 @@ static void test_fork_sink(const kkv_method *m, const char *what) {
     if (!c) return;
     int S = m->fp16 ? 0 : m->sink;
     uint64_t sink = (uint64_t)L * H * 2 * S * D * 2; /* every layer's sink K and V */
-    int p, ch, young, yc;
+    int p = -1, ch = -1, young = -1, yc = -1;
     kkv_seq_add(c, &p);
     feed(c, p, 0, S + 3, NULL);
     kkv_mem pm0, pm1, cm, all;
@@ -370,7 +370,7 @@ static uint64_t loaded_capacity(kkv_cache *c, int seq) {
 static void test_release(const kkv_method *m, const char *what, int T, int every) {
     kkv_cache *c = mk(m, 32u << 20);
     if (!c) return;
-    int s, r, drops = 0;
+    int s = -1, r = -1, drops = 0;
     kkv_seq_add(c, &s);
     kkv_seq_add(c, &r);
     CHECK(kkv_seq_reserve(c, r, T) == KKV_OK, "reserve: %s", kkv_last_error());
@@ -414,7 +414,7 @@ static void test_release(const kkv_method *m, const char *what, int T, int every
 static void test_invariance(const kkv_method *m, const char *what) {
     kkv_cache *a = mk_t(m, 32u << 20, 1), *b = mk_t(m, 32u << 20, 3);
     if (!a || !b) return;
-    int sa, sb, ca, cb;
+    int sa = -1, sb = -1, ca = -1, cb = -1;
     kkv_seq_add(a, &sa);
     kkv_seq_add(b, &sb);
     CHECK(feed(a, sa, 0, 37, NULL) == KKV_OK, "feed: %s", kkv_last_error());
