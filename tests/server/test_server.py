@@ -278,6 +278,7 @@ def test_bad(srv, hdr):
         ("max_tokens beyond context", chat, dict(ok_body, max_tokens=10 ** 7), 400),
         ("stream wrong type", chat, dict(ok_body, stream="yes"), 400),
         ("stop wrong type", chat, dict(ok_body, stop=7), 400),
+        ("cache_prompt wrong type", chat, dict(ok_body, cache_prompt="no"), 400),
         ("too many stops", chat, dict(ok_body, stop=["a", "b", "c", "d", "e"]), 400),
         ("n > 1", chat, dict(ok_body, n=2), 400),
         ("seed negative", chat, dict(ok_body, seed=-1), 400),
@@ -560,10 +561,15 @@ def test_queue_and_pool(exe, model, srcdir):
         check(small.stop() == 0, "small-pool server exits cleanly")
 
 
+SOAK_SYSTEM = "You are a helpful assistant. Answer in one short sentence. " * 4
+
+
 def soak(exe, model, seconds, env, log):
     """Bounded soak: 6 client threads for `seconds` (a mix of streamed,
-    non-streamed and abandoned requests), then the pool must be empty and RSS
-    no higher than 25% + 16 MiB over its value after the first quarter."""
+    non-streamed and abandoned requests, half of them forking a shared system
+    prompt's entry), then the pool must hold nothing but prefix-cache entries
+    and RSS no higher than 25% + 16 MiB over its value after the first
+    quarter."""
     srv = Server(exe, ["-m", model, "-t", "2", "--kv-budget", "48", "--queue", "8",
                        "--queue-timeout", "20", "-c", "1024"], env=env, log=log)
     stop_at = time.time() + seconds
@@ -576,7 +582,10 @@ def soak(exe, model, seconds, env, log):
         n = 0
         while time.time() < stop_at and n < 10000:
             n += 1
-            body = {"messages": [{"role": "user", "content": rnd.choice(PROMPTS)}],
+            msgs = [{"role": "user", "content": rnd.choice(PROMPTS)}]
+            if rnd.random() < 0.5:  # a shared system prompt: forks of its entry
+                msgs.insert(0, {"role": "system", "content": SOAK_SYSTEM})
+            body = {"messages": msgs,
                     "max_tokens": rnd.randint(2, 16), "temperature": rnd.choice([0, 0.8]),
                     "seed": rnd.randint(0, 99)}
             mode = rnd.random()
@@ -608,7 +617,9 @@ def soak(exe, model, seconds, env, log):
     rss_end = srv.rss()
     used = pool_used(m)
     print(f"test_server: soak {seconds:.0f} s: {counts}, RSS {rss_mid[0] >> 20} -> "
-          f"{rss_end >> 20} MiB, pool used {used}")
+          f"{rss_end >> 20} MiB, pool used beyond entries {used}, prefix hits "
+          f"{m.get(HIT, 0):.0f}, forks {m.get('kittykv_prefix_forks_total', 0):.0f}")
+    check(m.get(HIT, 0) > 0, "soak: the shared system prompt was forked")
     check(counts["ok"] > 0 and counts["other"] == 0, f"soak answers {counts}")
     check(pool_used(m) == 0 and m.get("kittykv_active_sequences") == 0,
           "soak: pool empty at the end")
