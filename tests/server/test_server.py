@@ -591,7 +591,7 @@ def soak(exe, model, seconds, env, log):
             mode = rnd.random()
             try:
                 if mode < 0.15:  # leave mid-stream
-                    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+                    s = socket.create_connection(("127.0.0.1", srv.port), timeout=300)
                     data = json.dumps(dict(body, stream=True))
                     s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                                f"Content-Length: {len(data)}\r\n\r\n{data}").encode())
@@ -599,8 +599,10 @@ def soak(exe, model, seconds, env, log):
                     s.close()
                     key = "abandoned"
                 else:
+                    # generous: a sanitizer build on a loaded 2-core machine is slow,
+                    # and a client timeout would read as a server failure
                     st, _ = raw(srv, "POST", "/v1/chat/completions",
-                                dict(body, stream=mode < 0.5), timeout=60)
+                                dict(body, stream=mode < 0.5), timeout=300)
                     key = "ok" if st == 200 else "503" if st == 503 else "other"
             except OSError:
                 key = "other"
@@ -612,7 +614,7 @@ def soak(exe, model, seconds, env, log):
     time.sleep(seconds / 4)
     rss_mid[0] = srv.rss()
     for t in ts:
-        t.join(seconds + 120)
+        t.join(seconds + 360)
     m = wait_idle(srv, timeout=60)
     rss_end = srv.rss()
     used = pool_used(m)
