@@ -211,6 +211,8 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
     ap.add_argument("--text", default=os.path.join(os.path.dirname(__file__), "..", "data",
                                                    "handbook.txt"))
+    ap.add_argument("--at", type=int, default=0,
+                    help="run every method at this many conversations only (no search)")
     ap.add_argument("--ttft", action="store_true",
                     help="measure time to first token with and without a prefix hit instead")
     ap.add_argument("--system-words", type=int, default=2400,
@@ -230,7 +232,13 @@ def main():
         stop(p)
     a.gen = a.ctx - n_prompt
     rows, fp16_max = [], None
-    for method in a.methods.split(","):
+    if a.at:  # one run per method at this concurrency, no search
+        for method in a.methods.split(","):
+            res = run(a.kittykv, a.model, method, a.kv_budget, a.ctx, a.gen, a.at, a.threads,
+                      prompt)
+            print(json.dumps(res), file=sys.stderr, flush=True)
+            rows.append(res)
+    for method in ([] if a.at else a.methods.split(",")):
         n = min(fit_count(a.kittykv, a.model, method, a.kv_budget, a.ctx, a.threads),
                 a.max_conv)
         res = None
@@ -244,7 +252,7 @@ def main():
         rows.append(res)
         if method.startswith("fp16"):
             fp16_max = res["n"]
-    if fp16_max:
+    if fp16_max and not a.at:
         for method in a.methods.split(","):
             if not method.startswith("fp16"):
                 res = run(a.kittykv, a.model, method, a.kv_budget, a.ctx, a.gen, fp16_max,
