@@ -213,7 +213,8 @@ static void bounded(void) {
     CHECK(st == KKV_OK, "a reserved windowed run met: %s", kkv_last_error());
     kkv_mem m;
     kkv_seq_mem(a, &m, s);
-    CHECK(m.capacity == cap_mid, "capacity grew from %llu to %llu", (unsigned long long)cap_mid,
+    /* <=: at the end of the reservation its unused surplus goes back to the pool */
+    CHECK(m.capacity <= cap_mid, "capacity grew from %llu to %llu", (unsigned long long)cap_mid,
           (unsigned long long)m.capacity);
     CHECK(m.capacity <= 96u << 10, "capacity %llu within the pool", (unsigned long long)m.capacity);
     /* without windows the same pool cannot take it */
