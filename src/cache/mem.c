@@ -126,4 +126,26 @@ kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out) {
     return KKV_OK;
 }
 
+kkv_status kkv_seqs_mem(const kkv_cache *c, kkv_mem *out, const int *seqs, int n) {
+    if (!c || !out || (n > 0 && !seqs) || n < 0)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "seqs_mem: NULL argument or n < 0");
+    for (int i = 0; i < n; i++) {
+        if (!kkv_seq_get(c, seqs[i]))
+            return kkv_fail(KKV_ERR_NOT_FOUND, "seqs_mem: no sequence %d", seqs[i]);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return kkv_fail(KKV_ERR_INVALID_ARG, "seqs_mem: sequence %d listed twice",
+                                seqs[i]);
+    }
+    uint8_t *seen = calloc((size_t)c->n_made / 8 + 1, 1); /* [n_made] bits */
+    if (!seen) return kkv_fail(KKV_ERR_NOMEM, "seqs_mem: out of memory");
+    uint64_t elems = 0;
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < n; i++) add_seq(c, kkv_seq_get(c, seqs[i]), out, &elems, seen);
+    free(seen);
+    finish(out, elems);
+    out->used = out->capacity;
+    return KKV_OK;
+}
+
 uint64_t kkv_cache_free_bytes(const kkv_cache *c) { return c ? c->budget - c->used : 0; }
