@@ -137,11 +137,13 @@ kkv_status kkv_seqs_mem(const kkv_cache *c, kkv_mem *out, const int *seqs, int n
                 return kkv_fail(KKV_ERR_INVALID_ARG, "seqs_mem: sequence %d listed twice",
                                 seqs[i]);
     }
-    size_t n_shared = 0; /* shared sink blocks: each counted once, as in kkv_cache_mem */
+    /* shared sinks counted once, as in kkv_cache_mem */
+    size_t n_shared = 0;
     for (int i = 0; i < n; i++)
-        for (int l = 0; l < c->L; l++)
-            n_shared += kkv_seq_get(c, seqs[i])->ly[l].sk &&
-                        kkv_seq_get(c, seqs[i])->ly[l].sk->ref > 1;
+        for (int l = 0; l < c->L; l++) {
+            const kkv_lseq *y = &kkv_seq_get(c, seqs[i])->ly[l];
+            n_shared += y->sk && y->sk->ref > 1;
+        }
     sink_set ss = {NULL, 1};
     while (ss.cap < 2 * n_shared + 2) ss.cap *= 2;
     ss.v = calloc(ss.cap, sizeof *ss.v); /* [cap] */
