@@ -52,7 +52,7 @@ def main():
                               errors="replace")
 
     p = run("analyze", "pareto", "--help")
-    want = ["--kv LIST", "--points FILE", "--from-eval FILE", "--json", "--score-from",
+    want = ["--kv LIST", "--points FILE", "--from-eval FILES", "--json", "--score-from",
             "-o, --out", "-c, --ctx-size"]
     missing = [w for w in want if w not in p.stdout]
     check(p.returncode == 0 and not missing, f"analyze pareto --help (missing {missing})")
@@ -132,6 +132,27 @@ def main():
                 with open(os.path.join(out, name)) as f1, open(os.path.join(out2, name)) as f2:
                     ok = ok and f1.read() == f2.read()
         check(ok, f"--from-eval (no model) writes the same CSV and JSON (rc {p.returncode})")
+
+        # two saved runs of the same tokens join; a method in both is refused
+        parts = []
+        for i, m in enumerate(ej["methods"]):
+            part = dict(ej, methods=[m])
+            parts.append(os.path.join(tmp, f"part{i}.json"))
+            with open(parts[-1], "w") as f:
+                f.write(json.dumps(part) + "\n")
+        out4 = os.path.join(tmp, "d")
+        p = run("analyze", "pareto", "--from-eval", ",".join(parts), "--points", pts,
+                "--out", out4)
+        ok = p.returncode == 0
+        if ok:
+            with open(os.path.join(out, "pareto.csv")) as f1, \
+                    open(os.path.join(out4, "pareto.csv")) as f2:
+                ok = f1.read() == f2.read()
+        check(ok, f"--from-eval A,B joins two runs into the same CSV (rc {p.returncode})")
+        p = run("analyze", "pareto", "--from-eval", f"{saved},{parts[0]}", "--out", out4)
+        lines = [x for x in p.stderr.splitlines() if x.strip()]
+        check(p.returncode == 1 and len(lines) == 1 and "two runs" in lines[0],
+              f"a method in two --from-eval runs is refused ({p.stderr.strip()[:160]!r})")
 
         # bad input: one line, nothing written
         bad = os.path.join(tmp, "bad.csv")

@@ -17,7 +17,7 @@ typedef struct an_opts {
                                pareto: its --kv LIST                          */
     int         kv_given;   /* --kv was given (pareto: else the default grid) */
     const char *points;     /* pareto: external points CSV, or NULL           */
-    const char *from_eval;  /* pareto: a saved `eval --json` instead of a run */
+    const char *from_eval;  /* pareto: saved `eval --json` files (comma list)   */
     int         json;       /* pareto: also print the JSON on stdout           */
     const char *alphas;     /* ablation: comma-separated alphas               */
     const char *selects;    /* ablation: comma-separated selections           */
@@ -44,7 +44,7 @@ int an_ablation(an_ctx *a);
 int an_layers(an_ctx *a);
 int an_sensitivity(an_ctx *a);
 int an_pareto(an_ctx *a);
-/* pareto from a saved `kittykv eval --json` (o.from_eval): needs no model,
+/* pareto from saved `kittykv eval --json` runs (o.from_eval): needs no model,
  * a->m and a->tokens are unused. */
 int an_pareto_saved(an_ctx *a);
 

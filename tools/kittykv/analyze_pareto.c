@@ -236,13 +236,44 @@ static int add_points(const an_ctx *a, pareto_pt *p, int n, int cap) {
 
 int an_pareto_saved(an_ctx *a) {
     pareto_pt *p = calloc(2 * PARETO_MAX_POINTS, sizeof *p); /* [measured + external] */
-    pareto_run run;
-    char err[512];
+    pareto_run run, more;
+    char err[512], path[1024];
+    int n = 0, rc = 1;
     if (!p) return fprintf(stderr, "kittykv " WHO ": out of memory\n"), 1;
-    int n = pareto_read_eval_json(&run, p, PARETO_MAX_POINTS, a->o.from_eval, err, sizeof err);
-    if (n < 0) fprintf(stderr, "kittykv " WHO ": %s\n", err);
-    else n = add_points(a, p, n, 2 * PARETO_MAX_POINTS);
-    int rc = n < 0 ? 1 : emit(a, &run, p, n);
+    /* a comma-separated list: runs over the same tokens, their methods joined */
+    for (const char *s = a->o.from_eval; *s;) {
+        size_t len = strcspn(s, ",");
+        if (len >= sizeof path) {
+            fprintf(stderr, "kittykv " WHO ": --from-eval: a path is too long\n");
+            goto done;
+        }
+        memcpy(path, s, len);
+        path[len] = 0;
+        s += len + (s[len] == ',');
+        int k = pareto_read_eval_json(n ? &more : &run, p + n, PARETO_MAX_POINTS - n, path, err,
+                                      sizeof err);
+        if (k < 0) {
+            fprintf(stderr, "kittykv " WHO ": %s\n", err);
+            goto done;
+        }
+        if (n && (more.tokens != run.tokens || more.score_from != run.score_from ||
+                  strcmp(more.text, run.text))) {
+            fprintf(stderr, "kittykv " WHO ": --from-eval %s: another text, --ctx or "
+                    "--score-from than the first run's\n", path);
+            goto done;
+        }
+        for (int i = n; i < n + k; i++)
+            for (int j = 0; j < i; j++)
+                if (!strcmp(p[i].label, p[j].label)) {
+                    fprintf(stderr, "kittykv " WHO ": --from-eval %s: method '%s' is in two "
+                            "runs\n", path, p[i].label);
+                    goto done;
+                }
+        n += k;
+    }
+    n = add_points(a, p, n, 2 * PARETO_MAX_POINTS);
+    if (n >= 0) rc = emit(a, &run, p, n);
+done:
     free(p);
     return rc;
 }

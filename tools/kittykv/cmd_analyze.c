@@ -104,9 +104,10 @@ static int parse(an_opts *o, int argc, char **argv) {
         {0, "points", OPT_STRING, 0, 0, &o->points, NULL, "FILE",
          "pareto: external points to plot and compare, a CSV of\n"
          "label,bits_per_element,kld_mean[,kld_p99[,top1[,ppl]]]"},
-        {0, "from-eval", OPT_STRING, 0, 0, &o->from_eval, NULL, "FILE",
-         "pareto: plot a saved `kittykv eval --json` output instead of\n"
-         "running (no model needed; its tokens and scoring apply)"},
+        {0, "from-eval", OPT_LIST, 0, 0, &o->from_eval, NULL, "FILES",
+         "pareto: plot saved `kittykv eval --json` outputs (comma-separated,\n"
+         "same text, --ctx and --score-from) instead of running; no model\n"
+         "needed, their tokens and scoring apply"},
         {0, "json", OPT_FLAG, 0, 0, &o->json, NULL, NULL,
          "pareto: also print the JSON object on the last line of stdout"},
         {'t', "threads", OPT_INT, 1, CLI_MAX_THREADS, &o->threads, NULL, "N",
