@@ -452,6 +452,13 @@ typedef struct kkv_mem {
 kkv_status kkv_seq_mem(const kkv_cache *c, kkv_mem *out, int seq);
 /* The whole pool: every sequence, and capacity = the pool budget. */
 kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out);
+/* Several sequences together (seqs: [n], distinct ids): a page two of them
+ * share counts once, as kkv_cache_mem counts it for all; capacity = used =
+ * the bytes they hold between them; shared = of those, page bytes some
+ * sequence (in the set or not) also holds. A server's prefix cache reports
+ * its entries' bytes with it. Writes *out only; KKV_ERR_NOT_FOUND for an id
+ * that is not a live sequence, KKV_ERR_INVALID_ARG for one listed twice. */
+kkv_status kkv_seqs_mem(const kkv_cache *c, kkv_mem *out, const int *seqs, int n);
 /* Bytes the pool still has free (0 for NULL). */
 uint64_t   kkv_cache_free_bytes(const kkv_cache *c);
 

@@ -10,23 +10,26 @@ typedef struct {
     float alpha;
     /* beyond the paper (docs/FORMAT.md section 5): 0 for the paper's methods */
     int eager, pairs, clip, value_clip;
+    kkv_rot value_rot;
 } named_method;
 
 /* KIVI methods are the Kitty lifecycle with no boost (alpha 0: 2-bit keys,
  * alpha 1: 4-bit keys); S = 32 for the starred ('s') variants. */
 static const named_method methods[] = {
-    {"fp16", 1, 0, 2, 0.0f, 0, 0, 0, 0},
-    {"kivi-k2v2", 0, 0, 2, 0.0f, 0, 0, 0, 0},
-    {"kivi-k2v2s", 0, 32, 2, 0.0f, 0, 0, 0, 0},
-    {"kivi-k4v2s", 0, 32, 2, 1.0f, 0, 0, 0, 0},
-    {"kivi-k2v4s", 0, 32, 4, 0.0f, 0, 0, 0, 0},
-    {"kivi-k4v4", 0, 0, 4, 1.0f, 0, 0, 0, 0},
-    {"kitty", 0, 32, 2, 0.125f, 0, 0, 0, 0},
-    {"kitty-pro", 0, 32, 2, 0.25f, 0, 0, 0, 0},
-    /* Calibration-free, at kitty's / kitty-pro's bits (+0.05): eager values
-     * free the value Q-buffer's fp16 bytes, which buy more boosted channels. */
-    {"kitty-plus", 0, 32, 2, 0.3125f, 1, 1, 1, 0},
-    {"kitty-plus-pro", 0, 32, 2, 0.4375f, 1, 1, 1, 0},
+    {"fp16", 1, 0, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kivi-k2v2", 0, 0, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kivi-k2v2s", 0, 32, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kivi-k4v2s", 0, 32, 2, 1.0f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kivi-k2v4s", 0, 32, 4, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kivi-k4v4", 0, 0, 4, 1.0f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kitty", 0, 32, 2, 0.125f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kitty-pro", 0, 32, 2, 0.25f, 0, 0, 0, 0, KKV_ROT_NONE},
+    /* Calibration-free, at kitty's / kitty-pro's bits (+0.05; docs/RESULTS.md
+     * "Beyond the paper"): eager values free the value Q-buffer's fp16 bytes,
+     * which buy more boosted channels; whole RoPE pairs; least-squares key
+     * ranges; values rotated (random, so any head_dim works). */
+    {"kitty-plus", 0, 32, 2, 0.3125f, 1, 1, 1, 0, KKV_ROT_RANDOM},
+    {"kitty-plus-pro", 0, 32, 2, 0.4375f, 1, 1, 1, 0, KKV_ROT_RANDOM},
 };
 #define N_METHODS (sizeof methods / sizeof methods[0])
 
@@ -57,6 +60,7 @@ kkv_status kkv_method_from_name(kkv_method *out, const char *name) {
         out->pairs = m->pairs;
         out->clip = m->clip;
         out->value_clip = m->value_clip;
+        out->value_rot = m->value_rot;
         return KKV_OK;
     }
     char shown[64];
