@@ -13,7 +13,12 @@
 typedef struct an_opts {
     const char *sub;        /* subcommand name                               */
     const char *model, *text, *out;
-    const char *method;     /* spec for stability / layers (default kitty)    */
+    const char *method;     /* spec for stability / layers (default kitty);
+                               pareto: its --kv LIST                          */
+    int         kv_given;   /* --kv was given (pareto: else the default grid) */
+    const char *points;     /* pareto: external points CSV, or NULL           */
+    const char *from_eval;  /* pareto: saved `eval --json` files (comma list)   */
+    int         json;       /* pareto: also print the JSON on stdout           */
     const char *alphas;     /* ablation: comma-separated alphas               */
     const char *selects;    /* ablation: comma-separated selections           */
     int         layer;      /* -1: the middle layer                          */
@@ -38,6 +43,10 @@ int an_stability(an_ctx *a);
 int an_ablation(an_ctx *a);
 int an_layers(an_ctx *a);
 int an_sensitivity(an_ctx *a);
+int an_pareto(an_ctx *a);
+/* pareto from saved `kittykv eval --json` runs (o.from_eval): needs no model,
+ * a->m and a->tokens are unused. */
+int an_pareto_saved(an_ctx *a);
 
 /* Per-(layer, KV head) channel rankings by attention-score sensitivity (most
  * sensitive first), for select=oracle, measured over tokens

@@ -33,6 +33,7 @@ static const sub subs[] = {
     {"ablation", an_ablation, "KL vs boost fraction alpha for each channel selection (Fig. 4)"},
     {"stability", an_stability, "Jaccard similarity of consecutive pages' boosted sets"},
     {"layers", an_layers, "each layer's share of the KL when only that layer is quantized"},
+    {"pareto", an_pareto, "KL vs bits/element over a grid of methods, Pareto frontier marked"},
 };
 #define N_SUBS (int)(sizeof subs / sizeof subs[0])
 
@@ -66,6 +67,7 @@ static int parse(an_opts *o, int argc, char **argv) {
                 o->sub);
         return 2;
     }
+    const int is_pareto = !strcmp(s->name, "pareto");
     const opt_def defs[] = {
         {'m', "model", OPT_STRING, 0, 0, &o->model, NULL, "MODEL",
          "GGUF file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf or $KKV_MODEL)"},
@@ -77,13 +79,16 @@ static int parse(an_opts *o, int argc, char **argv) {
          "tokens of the text (default 1024)"},
         {0, "layer", OPT_INT, 0, 4095, &o->layer, NULL, "L",
          "layer for heatmap/sensitivity (default: the middle one)"},
-        {0, "kv|method", OPT_SPEC, 0, 0, &o->method, NULL, "SPEC",
-         "method for stability/layers (default kitty; specs as in\n"
-         "`kittykv eval --help`)"},
+        {0, "kv|method", is_pareto ? OPT_LIST : OPT_SPEC, 0, 0, &o->method, &o->kv_given,
+         is_pareto ? "LIST" : "SPEC",
+         is_pareto ? "pareto: comma-separated method specs instead of the default\n"
+                     "grid (every named method plus alpha/vbits/group/sink steps)"
+                   : "method for stability/layers (default kitty; specs as in\n"
+                     "`kittykv eval --help`)"},
         {0, "score-from", OPT_INT, 1, 1 << 22, &o->score_from, NULL, "P",
-         "ablation/layers: tokens before scoring starts (default 256)"},
+         "ablation/layers/pareto: tokens before scoring starts (default 256)"},
         {0, "chunk", OPT_INT, 1, 4096, &o->chunk, NULL, "C",
-         "ablation: tokens per forward call (default 64; results are\n"
+         "ablation/pareto: tokens per forward call (default 64; results are\n"
          "bit-identical for every C, see `kittykv eval --help`)"},
         {0, "alphas", OPT_LIST, 0, 0, &o->alphas, NULL, "LIST",
          "ablation alphas (default 0,0.0625,0.125,0.25,0.5,1)"},
@@ -96,6 +101,15 @@ static int parse(an_opts *o, int argc, char **argv) {
          "(default 0: the scored text itself, an in-sample oracle)"},
         {0, "positions", OPT_INT, 1, 4096, &o->positions, NULL, "K",
          "layers: scored positions, evenly spaced (default 8)"},
+        {0, "points", OPT_STRING, 0, 0, &o->points, NULL, "FILE",
+         "pareto: external points to plot and compare, a CSV of\n"
+         "label,bits_per_element,kld_mean[,kld_p99[,top1[,ppl]]]"},
+        {0, "from-eval", OPT_LIST, 0, 0, &o->from_eval, NULL, "FILES",
+         "pareto: plot saved `kittykv eval --json` outputs (comma-separated,\n"
+         "same text, --ctx and --score-from) instead of running; no model\n"
+         "needed, their tokens and scoring apply"},
+        {0, "json", OPT_FLAG, 0, 0, &o->json, NULL, NULL,
+         "pareto: also print the JSON object on the last line of stdout"},
         {'t', "threads", OPT_INT, 1, CLI_MAX_THREADS, &o->threads, NULL, "N",
          "threads, 1..256 (default: all cores)"},
     };
@@ -106,6 +120,11 @@ static int parse(an_opts *o, int argc, char **argv) {
                       "Files (in DIR): <sub>.csv, <sub>.json and <sub>*.png (PNG through "
                       "gnuplot).\n", argc - 1, argv + 1);
     if (rc) return rc;
+    if (!is_pareto && (o->points || o->from_eval || o->json)) {
+        fprintf(stderr, "kittykv " CMD " %s: --points, --from-eval and --json are options of "
+                "`analyze pareto`\n", s->name);
+        return 2;
+    }
     if (!o->model) o->model = cli_default_model();
     if (!o->text) o->text = KKV_SOURCE_DIR "/data/handbook.txt";
     if (!plot_path_ok(o->out)) {
@@ -205,6 +224,7 @@ int cmd_analyze(int argc, char **argv) {
     for (int i = 0; i < N_SUBS; i++)
         if (!strcmp(a.o.sub, subs[i].name)) s = &subs[i];
     if (check_outputs(a.o.out, a.o.sub)) return 1;
+    if (a.o.from_eval) return an_pareto_saved(&a);
     rc = 1;
     char err[512];
     a.o.threads = cli_threads(a.o.threads, CMD);
