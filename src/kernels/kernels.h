@@ -60,7 +60,9 @@ const kkv_ops *kkv_ops_get(kkv_kernel k);
 extern const kkv_ops kkv_ops_scalar;
 #if defined(__x86_64__)
 extern const kkv_ops kkv_ops_avx2;
+extern const kkv_ops kkv_ops_avx2vnni;   /* AVX2 + AVX-VNNI page kernels */
 extern const kkv_ops kkv_ops_avx512;
+extern const kkv_ops kkv_ops_avx512vnni; /* AVX-512 + VNNI page kernels */
 #endif
 
 #endif

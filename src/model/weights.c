@@ -683,3 +683,65 @@ kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const floa
     free(xq);
     return KKV_OK;
 }
+
+/* Tasks of several matmuls in one job: task t belongs to the first weight i
+ * with t < first[i + 1]. */
+typedef struct mm_multi {
+    int    nw;
+    mm_ctx c[KKV_MM_MULTI];
+    int    first[KKV_MM_MULTI + 1]; /* [nw + 1] first task of each weight */
+} mm_multi;
+
+static void mm_multi_task(void *ctx, int task) {
+    const mm_multi *M = ctx;
+    int i = 0;
+    while (task >= M->first[i + 1]) i++;
+    mm_task((void *)&M->c[i], task - M->first[i]);
+}
+
+kkv_status kkv_matmul_multi(kkv_tp *tp, int nw, float *const *out, const kkv_weight *const *w,
+                            const float *x, int n, kkv_wt_impl impl) {
+    if (nw < 1 || nw > KKV_MM_MULTI)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "matmul: %d weights in one job (1..%d)", nw, KKV_MM_MULTI);
+    int same = impl != KKV_WT_IMPL_F32;
+    for (int i = 1; i < nw; i++) same = same && w[i]->cols == w[0]->cols;
+    if (!same || n == 0) {
+        for (int i = 0; i < nw; i++) KKV_TRY(kkv_matmul_ex(tp, out[i], w[i], x, n, impl));
+        return KKV_OK;
+    }
+    const kkv_wt_kernels *k = pick_kernels(impl);
+    if (!k) return kkv_fail(KKV_ERR_UNSUPPORTED, "matmul: kernel set %d is not available here", (int)impl);
+    int any_quant = 0;
+    for (int i = 0; i < nw; i++) {
+        KKV_TRY(check_weight(w[i]));
+        any_quant |= is_quant(w[i]->type);
+    }
+    if (n < 0) return kkv_fail(KKV_ERR_INVALID_ARG, "matmul: n = %d", n);
+    kkv_q8x *xq = NULL; /* [n][cols/32], shared by the quantized weights */
+    if (any_quant) {
+        size_t nb = (size_t)(w[0]->cols / 32);
+        if ((size_t)n > SIZE_MAX / sizeof(kkv_q8x) / nb)
+            return kkv_fail(KKV_ERR_NOMEM, "matmul: activation scratch too large");
+        xq = malloc((size_t)n * nb * sizeof *xq);
+        if (!xq) return kkv_fail(KKV_ERR_NOMEM, "matmul: out of memory for %d activation rows", n);
+        for (int j = 0; j < n; j++) kkv_q8x_quantize(xq + (size_t)j * nb, x + (size_t)j * (size_t)w[0]->cols, w[0]->cols);
+    }
+    mm_multi M = {.nw = nw};
+    int64_t total = 0;
+    for (int i = 0; i < nw; i++) {
+        int64_t per = rows_per_task(tp, w[i]->rows, n);
+        int64_t tasks = w[i]->rows > 0 ? (w[i]->rows + per - 1) / per : 0;
+        if (total + tasks > 1 << 30) { /* absurd sizes: one by one keeps the counts ints */
+            free(xq);
+            for (int j = 0; j < nw; j++) KKV_TRY(kkv_matmul_ex(tp, out[j], w[j], x, n, impl));
+            return KKV_OK;
+        }
+        M.c[i] = (mm_ctx){k, w[i], out[i], x, is_quant(w[i]->type) ? xq : NULL, n, per, NULL};
+        M.first[i] = (int)total;
+        total += tasks;
+    }
+    M.first[nw] = (int)total;
+    kkv_tp_run(tp, (int)total, mm_multi_task, &M);
+    free(xq);
+    return KKV_OK;
+}
