@@ -110,7 +110,7 @@ AI void widen_store(int32_t *dst, int off, __m256i a) {
  * group takes the rest). Each group has its own int8 step per head, so an
  * outlier channel does not coarsen the query of every other channel. */
 #define KGROUPS 3
-#define KPAIRS (KKV_MAX_HEAD_DIM / 2 + 2 * KGROUPS)
+#define KPAIRS (KKV_MAX_HEAD_DIM / 2 + 3 * KGROUPS) /* even: VNNI reads weight pairs as int32 */
 
 
 /* Pairs of channels of one page, group by group; inside a group plain pairs,
@@ -170,6 +170,15 @@ static void kpairs_of(kpairs *P, const uint8_t *page, const kkv_key_layout *L, c
             P->has_hi[P->n] = 1;
             P->grp[P->n] = (uint8_t)g;
         }
+#ifdef KKV_INT_DPBUSD
+        if ((P->n - n0) % 2) { /* quads: an even pair count per group, padded by a zero pair */
+            P->ch[P->n][0] = P->ch[P->n][1] = -1;
+            P->lo[P->n][0] = P->lo[P->n][1] = P->hi[P->n][0] = P->hi[P->n][1] = zrow;
+            P->has_hi[P->n] = 0;
+            P->grp[P->n] = (uint8_t)g;
+            P->n++;
+        }
+#endif
         for (int p = n0; p < P->n; p++) P->first[p] = p == n0;
     }
     /* |int16 sum| <= 127 * sum of the pairs' largest codes: widen before
@@ -251,52 +260,53 @@ AI void qk_int_plane(int32_t *a32, const int16_t *w, int ldw, const kpairs *P, s
 
 #ifdef KKV_INT_DPBUSD
 /* qk_int_plane with vpdpbusd: consecutive pairs of a group make a quad of
- * channels (a group with an odd pair count ends on a half quad whose other
- * half has weight 0); int32 accumulators, stored once per group. Same a32
- * contents as qk_int_plane (exact integer sums). */
+ * channels (kpairs_of pads a group with an odd pair count with a zero pair of
+ * weight 0); int32 accumulators, stored once per group. Same a32 contents as
+ * qk_int_plane (exact integer sums). */
+/* Code bytes of pair p for plane k: x[0], x[1] (its two channels). */
+AI void pair_codes(__m256i *x, const kpairs *P, int p, size_t off, int nbytes, int k) {
+    if (!P->has_hi[p]) {
+        x[0] = kcodes(ld256_part(P->lo[p][0] + off, nbytes), k);
+        x[1] = kcodes(ld256_part(P->lo[p][1] + off, nbytes), k);
+    } else {
+        x[0] = kcodes_hi(ld256_part(P->lo[p][0] + off, nbytes), ld256_part(P->hi[p][0] + off, nbytes), k);
+        x[1] = kcodes_hi(ld256_part(P->lo[p][1] + off, nbytes), ld256_part(P->hi[p][1] + off, nbytes), k);
+    }
+}
+
 AI void qk_vnni_plane(int32_t *a32, const int16_t *w, int ldw, const kpairs *P, size_t off,
                       int nbytes, int k, int RB) {
-    int p = 0;
-    while (p < P->n) {
-        int g = P->grp[p];
-        __m256i acc[RBI][4];
-        for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm256_setzero_si256();
-        while (p < P->n && P->grp[p] == g) {
-            int two = p + 1 < P->n && P->grp[p + 1] == g;
-            __m256i x[4];
-            for (int h = 0; h < 2; h++) {
-                int pp = p + h;
-                if (h == 1 && !two) {
-                    x[2] = x[3] = _mm256_setzero_si256();
-                } else if (!P->has_hi[pp]) {
-                    x[2 * h] = kcodes(ld256_part(P->lo[pp][0] + off, nbytes), k);
-                    x[2 * h + 1] = kcodes(ld256_part(P->lo[pp][1] + off, nbytes), k);
-                } else {
-                    x[2 * h] = kcodes_hi(ld256_part(P->lo[pp][0] + off, nbytes), ld256_part(P->hi[pp][0] + off, nbytes), k);
-                    x[2 * h + 1] = kcodes_hi(ld256_part(P->lo[pp][1] + off, nbytes), ld256_part(P->hi[pp][1] + off, nbytes), k);
-                }
-            }
-            /* 16-bit lanes: a, c = tokens i 0..7 | 16..23, b, d = 8..15 | 24..31;
-             * dwords: q0 = i 0..3 | 16..19, q1 = 4..7 | 20..23, q2 = 8..11 |
-             * 24..27, q3 = 12..15 | 28..31 */
-            __m256i a = _mm256_unpacklo_epi8(x[0], x[1]), b = _mm256_unpackhi_epi8(x[0], x[1]);
-            __m256i c = _mm256_unpacklo_epi8(x[2], x[3]), d = _mm256_unpackhi_epi8(x[2], x[3]);
-            __m256i qv[4] = {_mm256_unpacklo_epi16(a, c), _mm256_unpackhi_epi16(a, c),
-                             _mm256_unpacklo_epi16(b, d), _mm256_unpackhi_epi16(b, d)};
-            for (int r = 0; r < RB; r++) {
-                uint32_t w4 = (uint16_t)w[(size_t)r * ldw + p];
-                if (two) w4 |= (uint32_t)(uint16_t)w[(size_t)r * ldw + p + 1] << 16;
-                __m256i wv = _mm256_set1_epi32((int)w4);
-                for (int i = 0; i < 4; i++) acc[r][i] = KKV_INT_DPBUSD(acc[r][i], qv[i], wv);
-            }
-            p += two ? 2 : 1;
-        }
+    __m256i acc[RBI][4];
+    for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm256_setzero_si256();
+    for (int p = 0; p < P->n; p += 2) { /* kpairs_of gave every group an even pair count */
+        __m256i x[4];
+        pair_codes(x, P, p, off, nbytes, k);
+        pair_codes(x + 2, P, p + 1, off, nbytes, k);
+        /* 16-bit lanes: a, c = tokens i 0..7 | 16..23, b, d = 8..15 | 24..31;
+         * dwords: q0 = i 0..3 | 16..19, q1 = 4..7 | 20..23, q2 = 8..11 |
+         * 24..27, q3 = 12..15 | 28..31 */
+        __m256i a = _mm256_unpacklo_epi8(x[0], x[1]), b = _mm256_unpackhi_epi8(x[0], x[1]);
+        __m256i c = _mm256_unpacklo_epi8(x[2], x[3]), d = _mm256_unpackhi_epi8(x[2], x[3]);
+        __m256i q0 = _mm256_unpacklo_epi16(a, c), q1 = _mm256_unpackhi_epi16(a, c);
+        __m256i q2 = _mm256_unpacklo_epi16(b, d), q3 = _mm256_unpackhi_epi16(b, d);
         for (int r = 0; r < RB; r++) {
-            __m256i *d = (__m256i *)(void *)(a32 + (((size_t)r * KGROUPS + (size_t)g) * 4 + (size_t)k) * 32);
-            _mm256_storeu_si256(d, _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x20));
-            _mm256_storeu_si256(d + 1, _mm256_permute2x128_si256(acc[r][2], acc[r][3], 0x20));
-            _mm256_storeu_si256(d + 2, _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x31));
-            _mm256_storeu_si256(d + 3, _mm256_permute2x128_si256(acc[r][2], acc[r][3], 0x31));
+            int32_t w4; /* the weight pairs of p and p + 1: four int8 */
+            memcpy(&w4, w + (size_t)r * ldw + p, 4);
+            __m256i wv = _mm256_set1_epi32(w4);
+            acc[r][0] = KKV_INT_DPBUSD(acc[r][0], q0, wv);
+            acc[r][1] = KKV_INT_DPBUSD(acc[r][1], q1, wv);
+            acc[r][2] = KKV_INT_DPBUSD(acc[r][2], q2, wv);
+            acc[r][3] = KKV_INT_DPBUSD(acc[r][3], q3, wv);
+        }
+        if (p + 2 < P->n && P->grp[p + 2] == P->grp[p]) continue;
+        int g = P->grp[p]; /* the group ends here: store its sums in token order */
+        for (int r = 0; r < RB; r++) {
+            __m256i *dst = (__m256i *)(void *)(a32 + (((size_t)r * KGROUPS + (size_t)g) * 4 + (size_t)k) * 32);
+            _mm256_storeu_si256(dst, _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x20));
+            _mm256_storeu_si256(dst + 1, _mm256_permute2x128_si256(acc[r][2], acc[r][3], 0x20));
+            _mm256_storeu_si256(dst + 2, _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x31));
+            _mm256_storeu_si256(dst + 3, _mm256_permute2x128_si256(acc[r][2], acc[r][3], 0x31));
+            acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm256_setzero_si256();
         }
     }
 }

@@ -311,6 +311,14 @@ void kkv_wt_dequant_row(float *out, const kkv_weight *w, int64_t row) {
 
 /* ---- activation quantization ---- */
 
+/* nearbyintf (round half to even, the default mode) for |x| < 2^22 without
+ * the libm call, which cost 5% of a decode step: adding 1.5 * 2^23 leaves no
+ * fraction bits. Larger values, infinities and NaN come back unchanged; the
+ * caller clamps them to +-127 exactly as it clamps nearbyintf's result. */
+static inline float round_even_small(float x) {
+    return fabsf(x) < 4194304.0f ? (x + 12582912.0f) - 12582912.0f : x;
+}
+
 void kkv_q8x_quantize(kkv_q8x *dst, const float *x, int64_t cols) {
     for (int64_t b = 0; b < cols / 32; b++) {
         const float *v = x + 32 * b;
@@ -335,7 +343,7 @@ void kkv_q8x_quantize(kkv_q8x *dst, const float *x, int64_t cols) {
         int32_t sum = 0, sum16 = 0;
         for (int i = 0; i < 32; i++) {
             /* |v*id| <= 127 up to one rounding; the clamp makes that certain */
-            float q = nearbyintf(v[i] * id);
+            float q = round_even_small(v[i] * id);
             if (q > 127.0f) q = 127.0f;
             if (q < -127.0f) q = -127.0f;
             o->q[i] = (int8_t)q;
