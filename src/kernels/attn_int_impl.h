@@ -181,6 +181,7 @@ static void kpairs_of(kpairs *P, const uint8_t *page, const kkv_key_layout *L, c
 #endif
         for (int p = n0; p < P->n; p++) P->first[p] = p == n0;
     }
+#ifndef KKV_INT_DPBUSD /* int32 sums from the start: no widening schedule */
     /* |int16 sum| <= 127 * sum of the pairs' largest codes: widen before
      * 32767, and at every group change */
     int run = 0;
@@ -194,6 +195,7 @@ static void kpairs_of(kpairs *P, const uint8_t *page, const kkv_key_layout *L, c
         if (P->flush[p]) run = 0;
         run += b;
     }
+#endif
 }
 
 /* Code bytes of one channel for tokens 4i + k of a 32-byte chunk. */

@@ -642,8 +642,8 @@ static kkv_status check_weight(const kkv_weight *w) {
 static int64_t rows_per_task(const kkv_tp *tp, int64_t rows, int n) {
     int threads = kkv_tp_size(tp);
     if (threads <= 1) return rows > 0 ? rows : 1;
-    int64_t per = rows / ((int64_t)threads * 4);
-    int64_t min_rows = n >= 8 ? 4 : 32;
+    int64_t per = rows / ((int64_t)threads * 16); /* a short tail: the last task waits for no one long */
+    int64_t min_rows = n >= 8 ? 4 : 16;
     if (per < min_rows) per = min_rows;
     return per;
 }
