@@ -642,8 +642,10 @@ static kkv_status check_weight(const kkv_weight *w) {
 static int64_t rows_per_task(const kkv_tp *tp, int64_t rows, int n) {
     int threads = kkv_tp_size(tp);
     if (threads <= 1) return rows > 0 ? rows : 1;
-    int64_t per = rows / ((int64_t)threads * 16); /* a short tail: the last task waits for no one long */
-    int64_t min_rows = n >= 8 ? 4 : 16;
+    /* 1/4 of a thread's rows: 1/16 measured 20% slower at depth 0 with 2
+     * threads (shorter weight streams for the prefetcher) */
+    int64_t per = rows / ((int64_t)threads * 4);
+    int64_t min_rows = n >= 8 ? 4 : 32;
     if (per < min_rows) per = min_rows;
     return per;
 }
