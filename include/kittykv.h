@@ -278,7 +278,7 @@ const kkv_cache_config *kkv_cache_get_config(const kkv_cache *c);
  * if all max_seqs ids are in use. The sequence lives until kkv_seq_free(). */
 kkv_status kkv_seq_add(kkv_cache *c, int *seq);
 /* Frees a sequence and returns its staging and credit to the pool, and each
- * page whose last user it was. */
+ * page and sink whose last user it was. */
 kkv_status kkv_seq_free(kkv_cache *c, int seq);
 /* Marks a sequence whose layers a multi-layer writer left inconsistent (a
  * forward pass that failed midway; kkv_model_forward calls it): from now on
@@ -293,21 +293,24 @@ int        kkv_seq_len(const kkv_cache *c, int seq, int layer);
 /* Takes from the pool now exactly what appending n_tokens more tokens to every
  * layer (append -> flush each) can need at its peak: staging and new pages.
  * The bytes become the sequence's credit, so those appends and flushes never
- * meet KKV_ERR_POOL_FULL; credit is kept until kkv_seq_free(). All or nothing:
+ * meet KKV_ERR_POOL_FULL; the credit stays while the reservation runs (staging
+ * a flush frees pays for the next pages) and what is left goes back to the
+ * pool once every layer has the reserved length. All or nothing:
  * KKV_ERR_POOL_FULL leaves the cache exactly as it was. Without a reservation
- * kkv_append() and kkv_flush() take from the pool on demand. */
+ * kkv_append() and kkv_flush() take from the pool on demand and give staging
+ * back as soon as a flush frees it. */
 kkv_status kkv_seq_reserve(kkv_cache *c, int seq, int n_tokens);
 
 /* Adds a sequence (*child, the lowest free id) that holds exactly what
  * `parent` holds, so it continues exactly as the parent would (bit-identical
- * attention and logits). Pages whose keys and values are all written are
- * shared (reference-counted, never copied: pages never change once written);
- * the fp16 staging and the at most ceil((R + G) / G) pages per layer still
- * being written are copied. Either sequence then grows on its own; a page
- * goes back to the pool when its last user is freed. The child holds no
- * credit beyond its staging. KKV_ERR_POOL_FULL (or NOMEM) leaves everything
- * as it was. For a prefix cache: keep the prefix as a sequence, fork it per
- * request. */
+ * attention and logits). Pages whose keys and values are all written, and the
+ * fp16 sink once it is full, are shared (reference-counted, never copied:
+ * they never change once written); the key and value tails and the at most
+ * ceil((R + G) / G) pages per layer still being written are copied. Either
+ * sequence then grows on its own; a page or sink goes back to the pool when
+ * its last user is freed. The child holds no credit beyond its staging.
+ * KKV_ERR_POOL_FULL (or NOMEM) leaves everything as it was. For a prefix
+ * cache: keep the prefix as a sequence, fork it per request. */
 kkv_status kkv_seq_fork(kkv_cache *c, int *child, int parent);
 
 /* ---------------------------------------------------------------- save / load */
@@ -405,13 +408,14 @@ typedef struct kkv_mem {
     uint64_t fp16;        /* fp16 tokens held: sink, Q-buffers, window (and all
                              pages of the fp16 method)                          */
     uint64_t total;       /* sum of the above                                   */
-    uint64_t capacity;    /* bytes the pool gave the sequence: its pages, shared
-                             or not, plus its staging and the credit it holds for
-                             its next pages (see kkv_seq_reserve)               */
+    uint64_t capacity;    /* bytes the pool gave the sequence: its pages and sink,
+                             shared or not, plus its staging and the credit it
+                             holds for its next pages (see kkv_seq_reserve)     */
     uint64_t tokens;      /* tokens held, summed over sequences (per layer)     */
     double   bits_per_element; /* 8*total / (2 * tokens * layers * kv_heads * D) */
-    uint64_t shared;      /* of capacity: page bytes other sequences also hold
-                             (forks); the pool-wide figure counts each once     */
+    uint64_t shared;      /* of capacity: page and sink bytes other sequences
+                             also hold (forks); the pool-wide figure counts each
+                             once                                               */
     uint64_t used;        /* pool: bytes handed out, shared pages once (capacity
                              minus kkv_cache_free_bytes); sequence: = capacity  */
 } kkv_mem;

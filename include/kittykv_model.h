@@ -102,7 +102,8 @@ kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads);
 /* Loads only the vocabulary of a GGUF (no weights: tokenize, token pieces and
  * detokenize work, forward calls fail with KKV_ERR_INVALID_ARG). pre names a
  * pre-tokenizer to use instead of the file's tokenizer.ggml.pre (NULL: the
- * file's; kkv_pretokenizer_names() lists them). Free with kkv_model_free. */
+ * file's; kkv_pretokenizer_names() lists them; a SentencePiece vocabulary
+ * has none, so pre must be NULL there). Free with kkv_model_free. */
 kkv_status kkv_model_load_vocab(kkv_model **out, const char *path, const char *pre);
 void       kkv_model_free(kkv_model *m);
 /* Copies the model's shape into *out (zeros for a NULL model). */
@@ -159,9 +160,10 @@ kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
 kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
                                   const int *seqs, const int32_t *tokens, int n);
 
-/* Tokenizes UTF-8 text (byte-level BPE from the GGUF vocabulary).
- * add_bos: prepend BOS when the model has one and wants it. special: parse
- * special-token text such as "<|im_start|>" into their ids.
+/* Tokenizes UTF-8 text (byte-level BPE or SentencePiece, as the GGUF's
+ * tokenizer.ggml.model says). add_bos: prepend BOS when the model has one and
+ * wants it. special: parse special-token text such as "<|im_start|>" into
+ * their ids (SentencePiece's user-defined tokens always are, as there).
  * tokens: [cap]; *n_out gets the count; KKV_ERR_INVALID_ARG if cap is too small
  * (*n_out then holds the count needed). */
 kkv_status kkv_tokenize(const kkv_model *m, int32_t *tokens, int cap, int *n_out,

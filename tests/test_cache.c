@@ -422,7 +422,9 @@ static void test_pool(void) {
                 CHECK(kkv_seq_reserve(c, x, n) == KKV_OK, "reserve: %s", kkv_last_error());
                 uint64_t fx = kkv_cache_free_bytes(c);
                 CHECK(feed(c, x, n, &r1) == KKV_OK, "feed");
-                CHECK(kkv_cache_free_bytes(c) == fx, "%s n=%d: appends after reserve took %lld more",
+                /* nothing more from the pool; once the reservation is used up
+                 * its surplus (staging the last flushes freed) comes back */
+                CHECK(kkv_cache_free_bytes(c) >= fx, "%s n=%d: appends after reserve took %lld more",
                       names[mi], n, (long long)(fx - kkv_cache_free_bytes(c)));
                 CHECK(feed(c, y, n, &r2) == KKV_OK, "feed");
                 kkv_mem mx, my;

@@ -1,8 +1,9 @@
 /* Capacity (issue 13): eager value quantization, kkv_seq_fork with shared
- * pages (trees of depth 3 freed in every order, exact accounting, pool-full),
- * and kkv_seq_save / kkv_seq_load (round trip byte for byte, continuation,
- * every corruption refused with the cache unchanged). Run under ASan+UBSan by
- * the sanitizer build. */
+ * pages and sinks (trees of depth 3 freed in every order, exact accounting,
+ * pool-full), staging given back as Q-buffers flush, thread-count and
+ * chunking invariance with forks, and kkv_seq_save / kkv_seq_load (round
+ * trip byte for byte, continuation, every corruption refused with the cache
+ * unchanged). Run under ASan+UBSan by the sanitizer build. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,13 +22,15 @@ static kkv_method meth(const char *name, int small, int eager) {
     return m;
 }
 
-static kkv_cache *mk(const kkv_method *m, size_t pool) {
+static kkv_cache *mk_t(const kkv_method *m, size_t pool, int threads) {
     kkv_cache_config cfg = {.n_layers = L, .n_kv_heads = H, .head_dim = D, .pool_bytes = pool,
-                            .n_threads = 2, .method = *m};
+                            .n_threads = threads, .method = *m};
     kkv_cache *c = NULL;
     CHECK(kkv_cache_create(&c, &cfg) == KKV_OK, "create: %s", kkv_last_error());
     return c;
 }
+
+static kkv_cache *mk(const kkv_method *m, size_t pool) { return mk_t(m, pool, 2); }
 
 /* Token t's K/V/Q for layer l: a pure function of (t, l), so two sequences
  * fed the same positions see the same data. */
@@ -149,23 +152,75 @@ static void test_eager(void) {
 
 /* A fork continues exactly as its parent, and exactly as a sequence that
  * never forked. */
-static void test_fork_continue(const kkv_method *m, const char *what) {
+static void test_fork_continue(const kkv_method *m, const char *what, int at) {
     kkv_cache *c = mk(m, 32u << 20);
     if (!c) return;
     int ref, p, ch;
     kkv_seq_add(c, &ref);
     kkv_seq_add(c, &p);
     uint64_t hr = 0, hc = 0, hp = 0;
-    feed(c, ref, 0, 41, NULL);
-    feed(c, p, 0, 41, NULL);
+    feed(c, ref, 0, at, NULL);
+    feed(c, p, 0, at, NULL);
     CHECK(kkv_seq_fork(c, &ch, p) == KKV_OK, "fork: %s", kkv_last_error());
     CHECK(same_contents(c, p, c, ch), "%s: child differs from parent", what);
-    feed(c, ref, 41, 90, &hr);
-    feed(c, ch, 41, 90, &hc);
-    CHECK(hr == hc && same_contents(c, ref, c, ch), "%s: child does not continue as the "
-          "parent would", what);
-    feed(c, p, 41, 90, &hp); /* the parent after its child grew: its shared pages unchanged */
+    feed(c, ref, at, 90, &hr);
+    feed(c, ch, at, 90, &hc);
+    CHECK(hr == hc && same_contents(c, ref, c, ch), "%s: child forked at %d does not continue "
+          "as the parent would", what, at);
+    feed(c, p, at, 90, &hp); /* the parent after its child grew: its shared pages unchanged */
     CHECK(hp == hr && same_contents(c, ref, c, p), "%s: parent changed by its child", what);
+    kkv_cache_free(c);
+}
+
+/* A fork past the sink shares the parent's sink block: the pool pays only
+ * for what the child owns, kkv_seq_mem says the sink is shared, and the
+ * pool-wide sum counts its fp16 once. A fork inside the sink copies it. */
+static void test_fork_sink(const kkv_method *m, const char *what) {
+    kkv_cache *c = mk(m, 32u << 20);
+    if (!c) return;
+    int S = m->fp16 ? 0 : m->sink;
+    uint64_t sink = (uint64_t)L * H * 2 * S * D * 2; /* every layer's sink K and V */
+    int p = -1, ch = -1, young = -1, yc = -1;
+    kkv_seq_add(c, &p);
+    feed(c, p, 0, S + 3, NULL);
+    kkv_mem pm0, pm1, cm, all;
+    kkv_seq_mem(c, &pm0, p);
+    uint64_t f0 = kkv_cache_free_bytes(c);
+    CHECK(kkv_seq_fork(c, &ch, p) == KKV_OK, "fork: %s", kkv_last_error());
+    kkv_seq_mem(c, &pm1, p);
+    kkv_seq_mem(c, &cm, ch);
+    kkv_cache_mem(c, &all);
+    CHECK(cm.capacity == pm0.capacity && cm.shared == pm1.shared && pm1.shared >= sink,
+          "%s: fork holds %llu (parent %llu), shares %llu, sinks %llu", what,
+          (unsigned long long)cm.capacity, (unsigned long long)pm0.capacity,
+          (unsigned long long)cm.shared, (unsigned long long)sink);
+    CHECK(f0 - kkv_cache_free_bytes(c) == cm.capacity - cm.shared, "%s: the fork took %llu, owns "
+          "%llu", what, (unsigned long long)(f0 - kkv_cache_free_bytes(c)),
+          (unsigned long long)(cm.capacity - cm.shared));
+    CHECK(all.fp16 == pm1.fp16 + cm.fp16 - sink && all.used == pm0.capacity + cm.capacity - cm.shared,
+          "%s: pool-wide sum counts the shared sink %s", what, all.fp16 > pm1.fp16 + cm.fp16 - sink ?
+          "twice" : "wrong");
+    /* inside the sink: copied, nothing shared, and both grow their own */
+    kkv_seq_add(c, &young);
+    feed(c, young, 0, S > 1 ? S - 1 : 0, NULL);
+    f0 = kkv_cache_free_bytes(c);
+    CHECK(kkv_seq_fork(c, &yc, young) == KKV_OK, "fork: %s", kkv_last_error());
+    kkv_seq_mem(c, &cm, yc);
+    CHECK(cm.shared == 0 && f0 - kkv_cache_free_bytes(c) == cm.capacity, "%s: fork inside the "
+          "sink shares %llu", what, (unsigned long long)cm.shared);
+    uint64_t hy = 0, hc = 0;
+    feed(c, young, S > 1 ? S - 1 : 0, S + 9, &hy);
+    feed(c, yc, S > 1 ? S - 1 : 0, S + 9, &hc);
+    CHECK(hy == hc && same_contents(c, young, c, yc), "%s: copied sink continues otherwise", what);
+    /* the parent goes first: the child keeps the sink, the pool keeps its bytes */
+    kkv_seq_free(c, p);
+    kkv_seq_mem(c, &cm, ch);
+    CHECK(cm.shared == 0, "%s: nothing is shared after the parent left", what);
+    kkv_seq_free(c, ch);
+    kkv_seq_free(c, young);
+    kkv_seq_free(c, yc);
+    kkv_cache_mem(c, &all);
+    CHECK(all.used == 0 && kkv_cache_free_bytes(c) == all.capacity, "%s: pool not whole", what);
     kkv_cache_free(c);
 }
 
@@ -246,9 +301,14 @@ static void test_fork(void) {
     for (int mi = 0; mi < 3; mi++)
         for (int eager = 0; eager < 2; eager++) {
             kkv_method m = meth(names[mi], 1, eager);
-            test_fork_continue(&m, names[mi]);
             kkv_method big = meth(names[mi], 0, eager);
-            test_fork_continue(&big, names[mi]);
+            const int at[] = {3, 20, 41};
+            for (int i = 0; i < 3; i++) {
+                test_fork_continue(&m, names[mi], at[i]);
+                test_fork_continue(&big, names[mi], at[i]);
+            }
+            test_fork_sink(&m, names[mi]);
+            test_fork_sink(&big, names[mi]);
             int order[5] = {0, 1, 2, 3, 4};
             tree_ctx x = {&m, 0};
             permute(order, 5, 0, tree_free, &x);
@@ -259,7 +319,7 @@ static void test_fork(void) {
     kkv_cache *c = mk(&m, 32u << 20);
     int p;
     kkv_seq_add(c, &p);
-    feed(c, p, 0, 50, NULL);
+    kkv_seq_reserve(c, p, 50); /* the peak of 50 tokens, which growing on demand reaches */
     kkv_mem pmem;
     kkv_seq_mem(c, &pmem, p);
     kkv_cache_free(c);
@@ -278,6 +338,106 @@ static void test_fork(void) {
     CHECK(kkv_seq_fork(c, &ch, 99) == KKV_ERR_NOT_FOUND, "fork of no sequence");
     free(before), free(after);
     kkv_cache_free(c);
+}
+
+/* ---------------------------------------------------------------- staging release */
+
+/* Pool bytes a copy of sequence seq made by save -> load holds: the bytes its
+ * state needs and nothing more (a loaded sequence has no surplus). */
+static uint64_t loaded_capacity(kkv_cache *c, int seq) {
+    size_t n = 0;
+    kkv_seq_save(c, NULL, 0, &n, seq, NULL);
+    uint8_t *b = malloc(n);
+    kkv_cache *c2 = NULL;
+    kkv_cache_create(&c2, kkv_cache_get_config(c));
+    int x = -1;
+    kkv_mem m = {0};
+    if (b && c2 && kkv_seq_save(c, b, n, &n, seq, NULL) == KKV_OK &&
+        kkv_seq_load(c2, &x, b, n, 0, NULL, 0, NULL) == KKV_OK)
+        kkv_seq_mem(c2, &m, x);
+    else
+        CHECK(0, "save/load: %s", kkv_last_error());
+    free(b);
+    kkv_cache_free(c2);
+    return m.capacity;
+}
+
+/* A sequence grown on demand holds exactly what its state needs after every
+ * step: when a Q-buffer flushes, its fp16 rows go back to the pool (the
+ * sequence's capacity shrinks, the pool's free bytes grow by as much). One
+ * that reserved keeps its bytes until the reservation is used up, then holds
+ * the same as the other. */
+static void test_release(const kkv_method *m, const char *what, int T, int every) {
+    kkv_cache *c = mk(m, 32u << 20);
+    if (!c) return;
+    int s = -1, r = -1, drops = 0;
+    kkv_seq_add(c, &s);
+    kkv_seq_add(c, &r);
+    CHECK(kkv_seq_reserve(c, r, T) == KKV_OK, "reserve: %s", kkv_last_error());
+    kkv_mem ms, mr;
+    kkv_seq_mem(c, &mr, r);
+    uint64_t cap_r = mr.capacity, cap_s = 0;
+    for (int t = 0; t < T && !tu_failed(); t++) {
+        uint64_t f = kkv_cache_free_bytes(c);
+        CHECK(feed(c, s, t, t + 1, NULL) == KKV_OK, "feed: %s", kkv_last_error());
+        kkv_seq_mem(c, &ms, s);
+        CHECK((int64_t)(f - kkv_cache_free_bytes(c)) == (int64_t)(ms.capacity - cap_s),
+              "%s t=%d: the pool and the sequence disagree", what, t);
+        drops += ms.capacity < cap_s;
+        cap_s = ms.capacity;
+        if (t % every == 0 || t == T - 1)
+            CHECK(cap_s == loaded_capacity(c, s), "%s t=%d: holds %llu, its state needs %llu", what,
+                  t, (unsigned long long)cap_s, (unsigned long long)loaded_capacity(c, s));
+        f = kkv_cache_free_bytes(c);
+        CHECK(feed(c, r, t, t + 1, NULL) == KKV_OK, "feed: %s", kkv_last_error());
+        kkv_seq_mem(c, &mr, r);
+        if (t < T - 1)
+            CHECK(mr.capacity == cap_r && kkv_cache_free_bytes(c) == f, "%s t=%d: a reserved "
+                  "sequence's bytes changed", what, t);
+    }
+    CHECK(mr.capacity == ms.capacity && mr.capacity <= cap_r, "%s: after its reservation a "
+          "sequence holds %llu, on demand %llu (reserved %llu)", what,
+          (unsigned long long)mr.capacity, (unsigned long long)ms.capacity,
+          (unsigned long long)cap_r);
+    /* at least every value flush gives bytes back (every key flush with eager
+     * values); fp16's pages take what its tails held, so it never falls */
+    int S = m->fp16 ? 0 : m->sink, R = m->fp16 ? 0 : m->window;
+    int flushes = m->eager_values ? (T - S) / m->group : T - S > R ? (T - S - R) / m->group : 0;
+    CHECK(m->fp16 ? drops == 0 : drops >= flushes && drops > 0,
+          "%s: capacity fell %d times in %d tokens", what, drops, T);
+    kkv_cache_free(c);
+}
+
+/* The state and every attention output are the same for 1 and 3 attention
+ * threads, token-major and layer-major feeding with flushes left out, and for
+ * forks made from either. */
+static void test_invariance(const kkv_method *m, const char *what) {
+    kkv_cache *a = mk_t(m, 32u << 20, 1), *b = mk_t(m, 32u << 20, 3);
+    if (!a || !b) return;
+    int sa = -1, sb = -1, ca = -1, cb = -1;
+    kkv_seq_add(a, &sa);
+    kkv_seq_add(b, &sb);
+    CHECK(feed(a, sa, 0, 37, NULL) == KKV_OK, "feed: %s", kkv_last_error());
+    float k[H * D], v[H * D], q[NQ * D];
+    for (int l = L - 1; l >= 0; l--)
+        for (int t = 0; t < 37; t++) {
+            data(k, v, q, t, l);
+            CHECK(kkv_append(b, sb, l, k, v) == KKV_OK, "append: %s", kkv_last_error());
+            if (t % 3 == 1) kkv_flush(b, sb, l);
+        }
+    for (int l = 0; l < L; l++) kkv_flush(b, sb, l);
+    CHECK(same_contents(a, sa, b, sb), "%s: chunking or threads changed the state", what);
+    CHECK(kkv_seq_fork(a, &ca, sa) == KKV_OK && kkv_seq_fork(b, &cb, sb) == KKV_OK, "fork: %s",
+          kkv_last_error());
+    uint64_t h[4] = {0, 0, 0, 0};
+    feed(a, ca, 37, 80, &h[0]);
+    feed(b, cb, 37, 80, &h[1]);
+    feed(a, sa, 37, 80, &h[2]);
+    feed(b, sb, 37, 80, &h[3]);
+    CHECK(h[0] == h[1] && h[1] == h[2] && h[2] == h[3] && same_contents(a, ca, b, cb) &&
+              same_contents(a, sa, b, cb), "%s: forks differ across threads or chunking", what);
+    kkv_cache_free(a);
+    kkv_cache_free(b);
 }
 
 /* ---------------------------------------------------------------- save / load */
@@ -426,6 +586,15 @@ int main(void) {
     }
     test_eager();
     test_fork();
+    const char *rel[] = {"kitty", "fp16", "kivi-k2v4s"};
+    for (int mi = 0; mi < 3; mi++)
+        for (int eager = 0; eager < 2; eager++) {
+            kkv_method m = meth(rel[mi], 1, eager), big = meth(rel[mi], 0, eager);
+            test_release(&m, rel[mi], 70, 1);
+            test_release(&big, rel[mi], 32 + 3 * 128 + 40, 37);
+            test_invariance(&m, rel[mi]);
+            test_invariance(&big, rel[mi]);
+        }
     const char *names[] = {"kitty", "kitty-pro", "fp16", "kivi-k2v4s"};
     for (int mi = 0; mi < 4; mi++)
         for (int eager = 0; eager < 2; eager++) {

@@ -300,6 +300,46 @@ done:
     kkv_model_free(m);
 }
 
+/* The SentencePiece tokenizer on the fuzz seed vocabulary: loading and
+ * encoding fail cleanly at every allocation and work afterwards. */
+static void sweep_spm(void) {
+    const char *path = KKV_SOURCE_DIR "/tests/fuzz/corpus_gguf/tiny_spm.seed";
+    long k;
+    kkv_model *m = NULL;
+    for (k = 0; k < MAX_SWEEP; k++) {
+        m = (kkv_model *)1;
+        arm(k);
+        kkv_status s = kkv_model_load_vocab(&m, path, NULL);
+        int hit = disarm();
+        if (!hit) {
+            CHECK(s == KKV_OK, "spm load, no failure: %d %s", (int)s, kkv_last_error());
+            break;
+        }
+        CHECK(s == KKV_ERR_NOMEM && m == NULL, "spm load, alloc %ld: %d %s", k, (int)s,
+              kkv_last_error());
+        if (tu_failed()) return;
+    }
+    printf("spm vocab load: %ld allocations swept\n", k);
+    if (!m || m == (kkv_model *)1) return;
+    static const char text[] = "<s>hello  world xyz \xc3\xa9\xff<u> the\n";
+    int32_t ref[64], got[64];
+    int n_ref = 0, n = 0;
+    CHECK(kkv_tokenize(m, ref, 64, &n_ref, text, sizeof text - 1, 1, 1) == KKV_OK, "spm encode");
+    for (k = 0; k < MAX_SWEEP; k++) {
+        arm(k);
+        kkv_status s = kkv_tokenize(m, got, 64, &n, text, sizeof text - 1, 1, 1);
+        int hit = disarm();
+        if (!hit) {
+            CHECK(s == KKV_OK && n == n_ref && !memcmp(got, ref, (size_t)n * sizeof *got),
+                  "spm encode, no failure: %d", (int)s);
+            break;
+        }
+        CHECK(s == KKV_ERR_NOMEM, "spm encode, alloc %ld: %d %s", k, (int)s, kkv_last_error());
+    }
+    printf("spm encode: %ld allocations swept\n", k);
+    kkv_model_free(m);
+}
+
 int main(void) {
     /* the wrappers must be in effect, or the sweeps prove nothing */
     arm(0);
@@ -310,6 +350,7 @@ int main(void) {
     if (tu_failed()) return tu_summary();
 
     sweep_cache();
+    sweep_spm();
     const char *path = getenv("KKV_MODEL") && *getenv("KKV_MODEL")
                            ? getenv("KKV_MODEL")
                            : KKV_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";

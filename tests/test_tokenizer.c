@@ -358,7 +358,8 @@ static void test_synthetic(void) {
         kkv_status want;
         const char *what;
     } rej[] = {
-        {{"llama", "smollm", -1, 0, 0, 0}, KKV_ERR_UNSUPPORTED, "SentencePiece model"},
+        {{"llama", "smollm", -1, 0, 0, 0}, KKV_ERR_FORMAT, "SentencePiece model without scores"},
+        {{"bert", "smollm", -1, 0, 0, 0}, KKV_ERR_UNSUPPORTED, "WordPiece model"},
         {{"gpt2", "klingon", -1, 0, 0, 0}, KKV_ERR_UNSUPPORTED, "unknown pre-tokenizer"},
         {{"gpt2", "smollm", -1, 1, 0, 0}, KKV_ERR_FORMAT, "token_type shorter than tokens"},
         {{"gpt2", "smollm", -1, 0, 100000, 0}, KKV_ERR_FORMAT, "bos id out of range"},
@@ -373,6 +374,322 @@ static void test_synthetic(void) {
         kkv_tok_free(t);
     }
     kkv_tok_free(NULL);
+}
+
+/* ------------------------------------------------------------ SentencePiece */
+
+/* A small SentencePiece vocabulary (tokenizer.ggml.model = llama). Scores
+ * decide the merges: "bc" and "cd" (-0.5) beat "ab" (-1); "xy" is unused
+ * (merged, then split back), "xyz" is built on it. "  " is user-defined with
+ * plain spaces, as the GGUF converter writes Gemma's space runs. */
+#define SPM_SP "\xE2\x96\x81" /* U+2581 */
+static const struct {
+    const char *text;
+    float score;
+    int type;
+} spm_base[] = {
+    {"<unk>", 0, KKV_TOKTYPE_UNKNOWN}, {"<s>", 0, KKV_TOKTYPE_CONTROL},
+    {"</s>", 0, KKV_TOKTYPE_CONTROL}, {"<ctl>", 0, KKV_TOKTYPE_CONTROL},
+    {"<ctl>x", 0, KKV_TOKTYPE_CONTROL}, {"<u>", 0, KKV_TOKTYPE_USER},
+    {"  ", 0, KKV_TOKTYPE_USER}, {"a", -10, 1}, {"b", -10, 1}, {"c", -10, 1}, {"d", -10, 1},
+    {"x", -10, 1}, {"y", -10, 1}, {"z", -10, 1}, {SPM_SP, -10, 1}, {"ab", -1, 1},
+    {"bc", -0.5f, 1}, {"cd", -0.5f, 1}, {SPM_SP "a", -3, 1}, {"xy", 0, KKV_TOKTYPE_UNUSED},
+    {"xyz", -0.1f, 1}, {"\xC3\xA9", -10, 1}, /* é */
+};
+#define N_SPM_BASE ((int)(sizeof spm_base / sizeof spm_base[0]))
+
+typedef struct spm_opts {
+    int add_space;  /* -1: key absent */
+    int drop_byte;  /* -1: all 256 byte tokens */
+    int no_scores, short_scores, int_scores, nan_score;
+    int no_types, bad_type, bad_byte_text;
+    int add_bos;
+} spm_opts;
+
+static buf spm_gguf(const spm_opts *o) {
+    char bytes[256][8];
+    const char *tok[N_SPM_BASE + 256];
+    float score[N_SPM_BASE + 256];
+    int type[N_SPM_BASE + 256], n = 0;
+    for (int i = 0; i < N_SPM_BASE; i++, n++) {
+        tok[n] = spm_base[i].text;
+        score[n] = spm_base[i].score;
+        type[n] = spm_base[i].type;
+    }
+    for (int b = 0; b < 256; b++) {
+        if (b == o->drop_byte) continue;
+        snprintf(bytes[b], sizeof bytes[b], "<0x%02X>", b);
+        tok[n] = bytes[b];
+        score[n] = 0;
+        type[n++] = KKV_TOKTYPE_BYTE;
+    }
+    if (o->bad_byte_text) tok[n - 1] = "<0xZZ>";
+    if (o->bad_type) type[3] = 9;
+    if (o->nan_score) score[7] = NAN;
+
+    buf b = {0};
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, 6 + (o->add_space >= 0) - o->no_scores - o->no_types);
+    put_key(&b, "tokenizer.ggml.model", KKV_GGUF_STRING);
+    put_str(&b, "llama", 5);
+    put_key(&b, "tokenizer.ggml.tokens", KKV_GGUF_ARRAY);
+    put_u32(&b, KKV_GGUF_STRING);
+    put_u64(&b, (uint64_t)n);
+    for (int i = 0; i < n; i++) put_str(&b, tok[i], strlen(tok[i]));
+    if (!o->no_scores) {
+        put_key(&b, "tokenizer.ggml.scores", KKV_GGUF_ARRAY);
+        put_u32(&b, o->int_scores ? KKV_GGUF_I32 : KKV_GGUF_F32);
+        int ns = n - o->short_scores;
+        put_u64(&b, (uint64_t)ns);
+        for (int i = 0; i < ns; i++) {
+            uint32_t u;
+            memcpy(&u, &score[i], 4);
+            put_u32(&b, o->int_scores ? (uint32_t)(int32_t)score[i] : u);
+        }
+    }
+    if (!o->no_types) {
+        put_key(&b, "tokenizer.ggml.token_type", KKV_GGUF_ARRAY);
+        put_u32(&b, KKV_GGUF_I32);
+        put_u64(&b, (uint64_t)n);
+        for (int i = 0; i < n; i++) put_u32(&b, (uint32_t)type[i]);
+    }
+    put_key(&b, "tokenizer.ggml.bos_token_id", KKV_GGUF_U32);
+    put_u32(&b, 1);
+    put_key(&b, "tokenizer.ggml.add_bos_token", KKV_GGUF_BOOL);
+    put(&b, &(uint8_t){(uint8_t)o->add_bos}, 1);
+    if (o->add_space >= 0) {
+        put_key(&b, "tokenizer.ggml.add_space_prefix", KKV_GGUF_BOOL);
+        put(&b, &(uint8_t){(uint8_t)o->add_space}, 1);
+    }
+    return b;
+}
+
+static kkv_status spm_tok(kkv_tok **t, const spm_opts *o) {
+    buf b = spm_gguf(o);
+    kkv_gguf *g = NULL;
+    *t = NULL;
+    kkv_status s = kkv_gguf_parse(&g, b.p, b.n);
+    CHECK(s == KKV_OK, "synthetic SPM GGUF does not parse: %s", kkv_last_error());
+    if (s == KKV_OK) s = kkv_tok_from_gguf(t, g);
+    kkv_gguf_close(g); /* the tokenizer must not keep pointers into the file */
+    memset(b.p, 0, b.n);
+    free(b.p);
+    return s;
+}
+
+/* Encodes s (no BOS) and compares with the expected token texts. */
+static void spm_expect(const kkv_tok *t, const char *s, int special, const char *const *want,
+                       int n_want) {
+    int32_t ids[64];
+    int n = -1;
+    kkv_status st = kkv_tok_encode(t, ids, 64, &n, s, strlen(s), 0, special);
+    int ok = st == KKV_OK && n == n_want;
+    for (int i = 0; ok && i < n; i++) ok = ids[i] == kkv_tok_find(t, want[i]);
+    CHECK(ok, "SPM '%s' (special=%d): status %d, %d tokens (want %d), first id %d", s, special,
+          (int)st, n, n_want, n > 0 ? ids[0] : -1);
+}
+
+static long spm_decode(const kkv_tok *t, char *out, size_t cap, const int32_t *ids, int n) {
+    size_t w = 0;
+    for (int i = 0; i < n; i++) {
+        size_t l = 0;
+        if (kkv_tok_piece(t, out + w, cap - w, &l, ids[i]) != KKV_OK) return -1;
+        w += l;
+    }
+    return (long)w;
+}
+
+static void test_spm(void) {
+    spm_opts base = {0, -1, 0, 0, 0, 0, 0, 0, 0, 1};
+    kkv_tok *t;
+    kkv_status s = spm_tok(&t, &base);
+    CHECK(s == KKV_OK, "synthetic SPM tokenizer: %s", kkv_last_error());
+    if (s != KKV_OK) return;
+    CHECK(kkv_tok_n_vocab(t) == N_SPM_BASE + 256, "SPM n_vocab %d", kkv_tok_n_vocab(t));
+    CHECK(kkv_tok_bos(t) == 1 && kkv_tok_wants_bos(t) && kkv_tok_type(t, 5) == KKV_TOKTYPE_USER,
+          "SPM bos %d wants %d", kkv_tok_bos(t), kkv_tok_wants_bos(t));
+
+    /* Highest score first: abc -> a|bc although "ab" is a piece; ties leftmost. */
+    spm_expect(t, "abc", 0, (const char *const[]){"a", "bc"}, 2);
+    spm_expect(t, "ab", 0, (const char *const[]){"ab"}, 1);
+    spm_expect(t, "bcd", 0, (const char *const[]){"bc", "d"}, 2);
+    spm_expect(t, "abcd", 0, (const char *const[]){"a", "bc", "d"}, 3);
+    /* Spaces are U+2581 and merge with what follows. */
+    spm_expect(t, "a a", 0, (const char *const[]){"a", SPM_SP "a"}, 2);
+    spm_expect(t, " b", 0, (const char *const[]){SPM_SP, "b"}, 2);
+    /* A user-defined token always matches, spaces included; control tokens
+     * only with special, longest first; otherwise they are text. */
+    spm_expect(t, "a  b", 0, (const char *const[]){"a", "  ", "b"}, 3);
+    spm_expect(t, "a   b", 0, (const char *const[]){"a", "  ", SPM_SP, "b"}, 4);
+    spm_expect(t, "a<u>b", 0, (const char *const[]){"a", "<u>", "b"}, 3);
+    spm_expect(t, "<ctl>xy", 1, (const char *const[]){"<ctl>x", "y"}, 2);
+    spm_expect(t, "<ctl>", 1, (const char *const[]){"<ctl>"}, 1);
+    spm_expect(t, "<s>", 0, (const char *const[]){"<0x3C>", "<0x73>", "<0x3E>"}, 3);
+    spm_expect(t, "<s>", 1, (const char *const[]){"<s>"}, 1);
+    /* An unused piece is split back into its halves; a piece built on it stays. */
+    spm_expect(t, "xy", 0, (const char *const[]){"x", "y"}, 2);
+    spm_expect(t, "xyz", 0, (const char *const[]){"xyz"}, 1);
+    /* Byte fallback: characters that are no piece, and invalid UTF-8. */
+    spm_expect(t, "\xC3\xA8", 0, (const char *const[]){"<0xC3>", "<0xA8>"}, 2);
+    spm_expect(t, "\xC3\xA9", 0, (const char *const[]){"\xC3\xA9"}, 1);
+    spm_expect(t, "a\xFF", 0, (const char *const[]){"a", "<0xFF>"}, 2);
+    spm_expect(t, "", 0, NULL, 0);
+
+    /* BOS, and pieces: U+2581 is a space, byte tokens their byte, control
+     * tokens their text. */
+    int32_t ids[64];
+    int n = 0;
+    CHECK(kkv_tok_encode(t, ids, 64, &n, "a", 1, 1, 0) == KKV_OK && n == 2 && ids[0] == 1,
+          "SPM BOS: %d tokens, first %d", n, n ? ids[0] : -1);
+    char out[512];
+    int32_t pid[3] = {kkv_tok_find(t, SPM_SP "a"), kkv_tok_find(t, "<0x41>"), kkv_tok_find(t, "<s>")};
+    long w = spm_decode(t, out, sizeof out, pid, 3);
+    CHECK(w == 6 && !memcmp(out, " aA<s>", 6), "SPM pieces: %ld bytes '%.*s'", w, (int)(w > 0 ? w : 0),
+          out);
+
+    /* Round trips of random text (no U+2581, which decodes as a space), with
+     * and without special parsing, and a too-small buffer reports the count. */
+    static const char *const alpha[] = {"a", "b", "c", "x", "y", "z", " ", "  ", "\t", "\n", "<",
+                                        ">", "<s>", "<ctl>", "<u>", "\xC3\xA9", "\xC3\xA8", "\xFF",
+                                        "\xE2\x96", "\xF0\x9F\x98\x80"};
+    tu_rng r = tu_rng_make(99);
+    int rt_ok = 1;
+    for (int it = 0; it < 300 && rt_ok; it++) {
+        char text[256];
+        size_t len = 0;
+        int k = (int)(tu_u64(&r) % 30);
+        for (int j = 0; j < k; j++) {
+            const char *a = alpha[tu_u64(&r) % (sizeof alpha / sizeof alpha[0])];
+            memcpy(text + len, a, strlen(a));
+            len += strlen(a);
+        }
+        for (int sp = 0; sp < 2 && rt_ok; sp++) {
+            n = 0;
+            kkv_status st = kkv_tok_encode(t, ids, 64, &n, text, len, 0, sp);
+            long dl = st == KKV_OK ? spm_decode(t, out, sizeof out, ids, n) : -1;
+            rt_ok = dl == (long)len && !memcmp(out, text, len);
+            int need = -1;
+            if (rt_ok && n > 0)
+                rt_ok = kkv_tok_encode(t, ids, n - 1, &need, text, len, 0, sp) ==
+                            KKV_ERR_INVALID_ARG && need == n;
+            CHECK(rt_ok, "SPM round trip %d (special=%d): status %d, %ld of %zu bytes", it, sp,
+                  (int)st, dl, len);
+        }
+    }
+
+    /* Work grows linearly with the text, even for runs of specials' prefixes. */
+    size_t big = 1 << 15;
+    char *txt = malloc(2 * big);
+    int32_t *many = malloc(2 * big * sizeof *many);
+    if (txt && many) {
+        static const char unit[] = "ab <ct  xy\xC3\xA9<";
+        for (size_t i = 0; i < 2 * big; i++) txt[i] = unit[i % (sizeof unit - 1)];
+        uint64_t w0 = kkv_tok_work();
+        kkv_status s1 = kkv_tok_encode(t, many, (int)(2 * big), &n, txt, big, 0, 1);
+        uint64_t w1 = kkv_tok_work();
+        kkv_status s2 = kkv_tok_encode(t, many, (int)(2 * big), &n, txt, 2 * big, 0, 1);
+        uint64_t w2 = kkv_tok_work();
+        double ratio = (double)(w2 - w1) / (double)(w1 - w0 ? w1 - w0 : 1);
+        CHECK(s1 == KKV_OK && s2 == KKV_OK && ratio < 2.5, "SPM work ratio %.2f for twice the text",
+              ratio);
+    }
+    free(txt);
+    free(many);
+    kkv_tok_free(t);
+
+    /* The space prefix: before the text, after leading control tokens. */
+    spm_opts o = base;
+    o.add_space = 1;
+    s = spm_tok(&t, &o);
+    CHECK(s == KKV_OK, "SPM with add_space_prefix: %s", kkv_last_error());
+    if (s == KKV_OK) {
+        spm_expect(t, "a", 0, (const char *const[]){SPM_SP "a"}, 1);
+        spm_expect(t, "<s>a", 1, (const char *const[]){"<s>", SPM_SP "a"}, 2);
+        spm_expect(t, " a", 0, (const char *const[]){"  ", "a"}, 2);
+        spm_expect(t, "<u>", 0, (const char *const[]){SPM_SP, "<u>"}, 2);
+    }
+    kkv_tok_free(t);
+    o.add_space = -1; /* absent: llama.cpp's default, on */
+    s = spm_tok(&t, &o);
+    if (s == KKV_OK) spm_expect(t, "a", 0, (const char *const[]){SPM_SP "a"}, 1);
+    kkv_tok_free(t);
+
+    /* Without the byte token of 0xC3: <unk>, one per run of unknown characters. */
+    o = base;
+    o.drop_byte = 0xC3;
+    s = spm_tok(&t, &o);
+    CHECK(s == KKV_OK, "SPM without <0xC3>: %s", kkv_last_error());
+    if (s == KKV_OK) spm_expect(t, "a\xC3\xA8\xC3\xA8" "b", 0, (const char *const[]){"a", "<unk>", "b"}, 3);
+    kkv_tok_free(t);
+
+    /* A pre-tokenizer override makes no sense here. */
+    buf b = spm_gguf(&base);
+    kkv_gguf *g = NULL;
+    if (kkv_gguf_parse(&g, b.p, b.n) == KKV_OK) {
+        t = NULL;
+        s = kkv_tok_from_gguf_pre(&t, g, "gpt2");
+        CHECK(s == KKV_ERR_UNSUPPORTED && !t, "SPM with --pre: status %d", (int)s);
+        kkv_tok_free(t);
+    }
+    kkv_gguf_close(g);
+    free(b.p);
+
+    /* Malformed vocabularies fail at load with a one-line message. */
+    static const struct {
+        int field;
+        const char *what, *says;
+    } bad[] = {
+        {0, "no scores", "tokenizer.ggml.scores"}, {1, "scores one short", "entries"},
+        {2, "int32 scores", "element type"},     {3, "NaN score", "scores[7]"},
+        {4, "no token types", "token_type"},     {5, "token type 9", "token_type[3]"},
+        {6, "byte token <0xZZ>", "<0xHH>"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        o = base;
+        int *f[] = {&o.no_scores, &o.short_scores, &o.int_scores, &o.nan_score,
+                    &o.no_types,  &o.bad_type,     &o.bad_byte_text};
+        *f[bad[i].field] = 1;
+        s = spm_tok(&t, &o);
+        const char *msg = kkv_last_error();
+        CHECK(s == KKV_ERR_FORMAT && !t && strstr(msg, bad[i].says) && !strchr(msg, '\n'),
+              "SPM %s: status %d, message '%s'", bad[i].what, (int)s, msg);
+        kkv_tok_free(t);
+    }
+}
+
+/* The Gemma 3 vocabulary, when present: ids that sentencepiece gives (see
+ * tests/oracle/test_tokenizer_spm.py) and the chat template's specials. */
+static void test_gemma(void) {
+    const char *path = KKV_SOURCE_DIR "/models/gemma-3-270m-q4_k_m.gguf";
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        printf("%s not found: skipping the Gemma tokenizer checks\n", path);
+        return;
+    }
+    fclose(f);
+    kkv_gguf *g = NULL;
+    kkv_tok *t = NULL;
+    kkv_status s = kkv_gguf_open(&g, path);
+    if (s == KKV_OK) s = kkv_tok_from_gguf(&t, g);
+    kkv_gguf_close(g);
+    CHECK(s == KKV_OK, "loading %s: %s", path, kkv_last_error());
+    if (s != KKV_OK) return;
+    CHECK(kkv_tok_n_vocab(t) == 262144 && kkv_tok_bos(t) == 2 && kkv_tok_eos(t) == 1 &&
+              kkv_tok_eot(t) == 106 && kkv_tok_wants_bos(t),
+          "gemma ids: n %d bos %d eos %d eot %d", kkv_tok_n_vocab(t), kkv_tok_bos(t), kkv_tok_eos(t),
+          kkv_tok_eot(t));
+    static const char text[] = "<start_of_turn>user\nHello world, this is  a test.<end_of_turn>\n";
+    static const int32_t want[] = {2, 105, 2364, 107, 9259, 1902, 236764, 672, 563, 138, 236746,
+                                   1594, 236761, 106, 107};
+    int32_t ids[64];
+    int n = 0;
+    s = kkv_tok_encode(t, ids, 64, &n, text, sizeof text - 1, 1, 1);
+    int ok = s == KKV_OK && n == (int)(sizeof want / sizeof want[0]);
+    for (int i = 0; ok && i < n; i++) ok = ids[i] == want[i];
+    CHECK(ok, "gemma chat text: status %d, %d tokens", (int)s, n);
+    kkv_tok_free(t);
 }
 
 /* ------------------------------------------------------------ real model */
@@ -658,6 +975,8 @@ int main(void) {
     test_byte_alphabet();
     test_utf8_stream();
     test_synthetic();
+    test_spm();
+    test_gemma();
 
     const char *path = getenv("KKV_MODEL");
     if (!path || !*path) path = KKV_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";

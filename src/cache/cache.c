@@ -79,6 +79,7 @@ static void seq_release(kkv_cache *c, kkv_seq *s) {
         for (int l = 0; l < c->L; l++) {
             kkv_lseq *y = &s->ly[l];
             for (int p = 0; p < y->n_slots; p++) kkv_pool_give(c, y->slots[p]);
+            kkv_sink_drop(c, y->sk, y->cs);
             free(y->slots);
             free(y->stage);
         }
@@ -174,14 +175,17 @@ kkv_status kkv_seq_fork(kkv_cache *c, int *child, int parent) {
     if (id < 0)
         return kkv_fail(KKV_ERR_POOL_FULL, "seq_fork: all %d sequence slots in use",
                         c->cfg.max_seqs);
-    /* pages still being written (key written, values not all) are copied */
+    /* pages still being written (key written, values not all) are copied, and
+     * so is a sink that is not full yet; a full sink is shared */
     int n_copy = 0;
+    uint64_t sink_copy = 0;
     for (int l = 0; l < c->L; l++) {
         kkv_counts n = kkv_counts_of(c, p, l);
         int full = n.kp < n.vp ? n.kp : n.vp;
         n_copy += p->ly[l].n_slots - full;
+        if (p->ly[l].sk && n.sink < c->S) sink_copy += kkv_sink_bytes(c, p->ly[l].cs);
     }
-    uint64_t need = p->stage_bytes + (uint64_t)n_copy * c->slot_bytes;
+    uint64_t need = p->stage_bytes + (uint64_t)n_copy * c->slot_bytes + sink_copy;
     if (need > c->budget - c->used)
         return kkv_fail(KKV_ERR_POOL_FULL,
                         "seq_fork: pool full: %llu of %llu bytes in use, the fork needs %llu",
@@ -199,8 +203,16 @@ kkv_status kkv_seq_fork(kkv_cache *c, int *child, int parent) {
         kkv_counts n = kkv_counts_of(c, p, l);
         int full = n.kp < n.vp ? n.kp : n.vp;
         *x = *y;
-        x->slots = NULL, x->stage = NULL, x->n_slots = 0, x->cap_slots = 0;
-        size_t sb = (size_t)kkv_stage_bytes(c, y->cs, y->ck, y->cv);
+        x->slots = NULL, x->stage = NULL, x->sk = NULL, x->n_slots = 0, x->cap_slots = 0;
+        if (y->sk && n.sink < c->S) {
+            x->sk = kkv_sink_new(c, y->cs);
+            if (!x->sk) {
+                st = kkv_fail(KKV_ERR_NOMEM, "seq_fork: out of memory");
+                break;
+            }
+            memcpy(x->sk->data, y->sk->data, (size_t)kkv_sink_bytes(c, y->cs));
+        }
+        size_t sb = (size_t)kkv_stage_bytes(c, 0, y->ck, y->cv);
         if (sb) {
             x->stage = malloc(sb);
             if (!x->stage) {
@@ -236,6 +248,7 @@ kkv_status kkv_seq_fork(kkv_cache *c, int *child, int parent) {
             }
             free(x->slots);
             free(x->stage);
+            free(x->sk); /* only a copy, never accounted */
         }
         free(tmp.ly);
         return st;
@@ -251,6 +264,10 @@ kkv_status kkv_seq_fork(kkv_cache *c, int *child, int parent) {
             c->ref[y->slots[q]]++;
         }
         x->n_slots = y->n_slots;
+        if (y->sk && !x->sk) {
+            x->sk = y->sk;
+            y->sk->ref++;
+        }
     }
     tmp.live = 1;
     tmp.stage_bytes = p->stage_bytes;
@@ -323,11 +340,10 @@ static int slots_st(const kkv_cache *c, lstate a) {
 
 /* ---------------------------------------------------------------- pool credit */
 
-kkv_status kkv_seq_charge(const kkv_cache *c, const kkv_seq *s, uint64_t new_stage, int n_pages,
-                          uint64_t *from_pool) {
+kkv_status kkv_seq_charge(const kkv_cache *c, const kkv_seq *s, uint64_t new_stage,
+                          uint64_t obj_bytes, uint64_t *from_pool) {
     uint64_t surplus = s->credit - s->stage_bytes;
-    uint64_t add = (new_stage > s->stage_bytes ? new_stage - s->stage_bytes : 0) +
-                   (uint64_t)n_pages * c->slot_bytes;
+    uint64_t add = (new_stage > s->stage_bytes ? new_stage - s->stage_bytes : 0) + obj_bytes;
     uint64_t freed = new_stage < s->stage_bytes ? s->stage_bytes - new_stage : 0;
     uint64_t have = surplus + freed;
     uint64_t fp = add > have ? add - have : 0;
@@ -340,45 +356,78 @@ kkv_status kkv_seq_charge(const kkv_cache *c, const kkv_seq *s, uint64_t new_sta
     return KKV_OK;
 }
 
-void kkv_seq_commit(kkv_cache *c, kkv_seq *s, uint64_t new_stage, int n_pages,
+void kkv_seq_commit(kkv_cache *c, kkv_seq *s, uint64_t new_stage, uint64_t obj_bytes,
                     uint64_t from_pool) {
     c->used += from_pool;
-    s->credit = s->credit + from_pool - (uint64_t)n_pages * c->slot_bytes;
+    s->credit = s->credit + from_pool - obj_bytes;
     s->stage_bytes = new_stage;
+}
+
+/* Staging a flush frees is surplus that pays for the next pages while a
+ * reservation runs; after it, the sequence holds exactly what it stores. */
+void kkv_seq_trim(kkv_cache *c, kkv_seq *s) {
+    if (s->credit == s->stage_bytes) return;
+    for (int l = 0; l < c->L; l++)
+        if (s->ly[l].len < s->rsv_len) return;
+    c->used -= s->credit - s->stage_bytes;
+    s->credit = s->stage_bytes;
 }
 
 /* ---------------------------------------------------------------- staging buffers */
 
+/* Moves the key and value tails of every head from a stage of capacities
+ * (ok, ov) to one of (nk, nv), keeping the rows counts n says are there. */
+static void move_tails(const kkv_cache *c, uint16_t *dst, const uint16_t *src, int ok, int ov,
+                       int nk, int nv, const kkv_counts *n) {
+    size_t D = (size_t)c->D, ot = (size_t)(ok + ov), nt = (size_t)(nk + nv);
+    size_t so[2] = {0, (size_t)ok}, doff[2] = {0, (size_t)nk};
+    size_t rows[2] = {(size_t)n->ktail, (size_t)n->vtail};
+    for (int h = 0; h < c->H; h++)
+        for (int r = 0; r < 2; r++)
+            if (rows[r])
+                memmove(dst + ((size_t)h * nt + doff[r]) * D, src + ((size_t)h * ot + so[r]) * D,
+                        rows[r] * D * 2);
+}
+
 /* Resizes layer y's staging to capacities k, keeping the tokens that counts n
- * says are there. Growing allocates a new buffer (KKV_ERR_NOMEM leaves y as it
- * was); shrinking moves the regions down in place and cannot fail. */
+ * says are there. Growing allocates new buffers (KKV_ERR_NOMEM leaves y as it
+ * was); shrinking moves the tails down in place and cannot fail. The sink
+ * only grows: it is never asked to shrink. */
 static kkv_status stage_resize(const kkv_cache *c, kkv_lseq *y, const kkv_counts *n, caps k) {
     if (k.cs == y->cs && k.ck == y->ck && k.cv == y->cv) return KKV_OK;
-    size_t D = (size_t)c->D, nt = (size_t)(2 * k.cs + k.ck + k.cv);
-    size_t ot = (size_t)(2 * y->cs + y->ck + y->cv);
-    int grow = k.cs > y->cs || k.ck > y->ck || k.cv > y->cv;
+    size_t D = (size_t)c->D, nt = (size_t)(k.ck + k.cv);
+    int grow = k.ck > y->ck || k.cv > y->cv;
     uint16_t *dst = y->stage;
+    kkv_sink *sk = y->sk;
     if (grow) {
         dst = malloc((size_t)c->H * nt * D * 2);
         if (!dst) return kkv_fail(KKV_ERR_NOMEM, "staging: out of memory");
     }
-    /* regions in address order: sink K, sink V, key tail, value tail */
-    size_t so[4] = {0, (size_t)y->cs, (size_t)2 * y->cs, (size_t)(2 * y->cs + y->ck)};
-    size_t doff[4] = {0, (size_t)k.cs, (size_t)2 * k.cs, (size_t)(2 * k.cs + k.ck)};
-    size_t rows[4] = {(size_t)n->sink, (size_t)n->sink, (size_t)n->ktail, (size_t)n->vtail};
-    for (int h = 0; h < c->H; h++)
-        for (int r = 0; r < 4; r++)
-            if (rows[r])
-                memmove(dst + ((size_t)h * nt + doff[r]) * D,
-                        y->stage + ((size_t)h * ot + so[r]) * D, rows[r] * D * 2);
-    if (grow) {
-        free(y->stage);
-    } else if (nt == 0) {
-        free(dst);
-        dst = NULL;
-    } /* else the block keeps its size: only the failure path shrinks in place */
-    y->stage = dst;
-    y->cs = k.cs, y->ck = k.ck, y->cv = k.cv;
+    if (k.cs > y->cs) {
+        sk = kkv_sink_new(c, k.cs);
+        if (!sk) {
+            if (grow) free(dst);
+            return kkv_fail(KKV_ERR_NOMEM, "staging: out of memory");
+        }
+        for (int h = 0; h < c->H && n->sink; h++)
+            for (int r = 0; r < 2; r++)
+                memcpy(sk->data + ((size_t)h * 2 + r) * k.cs * D,
+                       y->sk->data + ((size_t)h * 2 + r) * y->cs * D, (size_t)n->sink * D * 2);
+        free(y->sk); /* growing: the block is this sequence's alone */
+        y->sk = sk;
+        y->cs = k.cs;
+    }
+    if (k.ck != y->ck || k.cv != y->cv) {
+        if (y->stage) move_tails(c, dst, y->stage, y->ck, y->cv, k.ck, k.cv, n);
+        if (grow) {
+            free(y->stage);
+        } else if (nt == 0) {
+            free(dst);
+            dst = NULL;
+        } /* else the block keeps its size: settle() shrinks in place */
+        y->stage = dst;
+        y->ck = k.ck, y->cv = k.cv;
+    }
     return KKV_OK;
 }
 
@@ -407,77 +456,72 @@ static kkv_status take_slots(kkv_cache *c, kkv_lseq *y, int want) {
 }
 
 /* Moves layer l of s from its state to `to` as far as the pool is concerned:
- * staging capacity for `to` (keeping the current tokens; `final` also drops
- * what `to` no longer needs) and the slots `to` holds. All or nothing. */
+ * staging capacity for `to` (keeping the current tokens) and the slots `to`
+ * holds. All or nothing. */
 static kkv_status prepare(kkv_cache *c, kkv_seq *s, int l, lstate to) {
     kkv_lseq *y = &s->ly[l];
     caps cur = {y->cs, y->ck, y->cv}, want = caps_of(c, to);
-    uint64_t layer_now = caps_bytes(c, cur);
-    uint64_t new_stage = s->stage_bytes - layer_now + caps_bytes(c, want);
+    uint64_t new_stage = s->stage_bytes - kkv_stage_bytes(c, 0, cur.ck, cur.cv) +
+                         kkv_stage_bytes(c, 0, want.ck, want.cv);
     int n_pages = slots_st(c, to) - y->n_slots;
     if (n_pages < 0) n_pages = 0;
-    uint64_t fp = 0;
-    KKV_TRY(kkv_seq_charge(c, s, new_stage, n_pages, &fp));
+    uint64_t sink_add = want.cs > cur.cs ? kkv_sink_bytes(c, want.cs - cur.cs) : 0;
+    uint64_t obj = (uint64_t)n_pages * c->slot_bytes + sink_add, fp = 0;
+    KKV_TRY(kkv_seq_charge(c, s, new_stage, obj, &fp));
     /* the buffer holds the current tokens until the change is done */
     caps both = {cur.cs > want.cs ? cur.cs : want.cs, cur.ck > want.ck ? cur.ck : want.ck,
                  cur.cv > want.cv ? cur.cv : want.cv};
     kkv_counts n = kkv_counts_of(c, s, l);
-    KKV_TRY(stage_resize(c, y, &n, both));
-    kkv_status st = take_slots(c, y, y->n_slots + n_pages);
-    if (st != KKV_OK) {
-        (void)stage_resize(c, y, &n, cur); /* shrinking back cannot fail */
+    int have = y->n_slots;
+    KKV_TRY(take_slots(c, y, have + n_pages));
+    kkv_status st = stage_resize(c, y, &n, both);
+    if (st != KKV_OK) { /* nothing of the staging changed */
+        for (int q = have; q < y->n_slots; q++) kkv_pool_untake(c, y->slots[q]);
+        y->n_slots = have;
         return st;
     }
-    kkv_seq_commit(c, s, new_stage, n_pages, fp);
+    kkv_seq_commit(c, s, new_stage, obj, fp);
     return KKV_OK;
 }
 
 /* The buffer a change of layer l to state `to` ends in, allocated before
  * anything changes (so that its failure leaves the cache as it was): NULL when
- * no region ends smaller than it is during the change, or when it ends empty. */
+ * no tail ends smaller than it is during the change, or when they end empty. */
 static kkv_status pre_settle(const kkv_cache *c, const kkv_seq *s, int l, lstate to,
                              uint16_t **pre) {
     const kkv_lseq *y = &s->ly[l];
     caps w = caps_of(c, to);
     *pre = NULL;
-    if (w.cs >= y->cs && w.ck >= y->ck && w.cv >= y->cv) return KKV_OK;
-    size_t nt = (size_t)(2 * w.cs + w.ck + w.cv);
+    if (w.ck >= y->ck && w.cv >= y->cv) return KKV_OK;
+    size_t nt = (size_t)(w.ck + w.cv);
     if (nt == 0) return KKV_OK;
     *pre = malloc((size_t)c->H * nt * c->D * 2);
     return *pre ? KKV_OK : kkv_fail(KKV_ERR_NOMEM, "staging: out of memory");
 }
 
-/* After the change: the staging moves into `pre` (from pre_settle()), sized
- * to what the state needs, and the larger block is freed. */
+/* After the change: the tails move into `pre` (from pre_settle()), sized to
+ * what the state needs, the larger block is freed, and a reservation that is
+ * used up gives its surplus back. */
 static void settle(kkv_cache *c, kkv_seq *s, int l, uint16_t *pre) {
     kkv_lseq *y = &s->ly[l];
     kkv_counts n = kkv_counts_of(c, s, l);
     caps k = caps_of(c, lstate_of(y));
-    if (k.cs == y->cs && k.ck == y->ck && k.cv == y->cv) {
+    if (k.ck == y->ck && k.cv == y->cv) {
         free(pre);
-        return;
-    }
-    size_t D = (size_t)c->D, nt = (size_t)(2 * k.cs + k.ck + k.cv);
-    size_t ot = (size_t)(2 * y->cs + y->ck + y->cv);
-    if (pre) {
-        size_t so[4] = {0, (size_t)y->cs, (size_t)2 * y->cs, (size_t)(2 * y->cs + y->ck)};
-        size_t doff[4] = {0, (size_t)k.cs, (size_t)2 * k.cs, (size_t)(2 * k.cs + k.ck)};
-        size_t rows[4] = {(size_t)n.sink, (size_t)n.sink, (size_t)n.ktail, (size_t)n.vtail};
-        for (int h = 0; h < c->H; h++)
-            for (int r = 0; r < 4; r++)
-                if (rows[r])
-                    memcpy(pre + ((size_t)h * nt + doff[r]) * D,
-                           y->stage + ((size_t)h * ot + so[r]) * D, rows[r] * D * 2);
+    } else if (pre) {
+        move_tails(c, pre, y->stage, y->ck, y->cv, k.ck, k.cv, &n);
         free(y->stage);
         y->stage = pre;
-        y->cs = k.cs, y->ck = k.ck, y->cv = k.cv;
-    } else if (nt == 0) {
+        y->ck = k.ck, y->cv = k.cv;
+    } else if (k.ck + k.cv == 0) {
         free(y->stage);
         y->stage = NULL;
-        y->cs = y->ck = y->cv = 0;
+        y->ck = y->cv = 0;
     } else {
+        k.cs = y->cs;
         (void)stage_resize(c, y, &n, k); /* grows never; in place */
     }
+    if (y->len >= s->rsv_len) kkv_seq_trim(c, s);
 }
 
 /* The state append -> flush leaves at len tokens (len >= 1): the lifecycle
@@ -491,10 +535,13 @@ static lstate st_canonical(const kkv_cache *c, int64_t len) {
     return a;
 }
 
-/* Bytes of state a in the peak of layer_peak(): staging + slots beyond base. */
-static uint64_t st_bytes(const kkv_cache *c, lstate a, int base) {
+/* Bytes of state a in the peak of layer_peak(): staging + slots beyond base,
+ * less the sink of capacity cs0 the layer holds already (the sink is a block
+ * of its own, not paid from credit). */
+static uint64_t st_bytes(const kkv_cache *c, lstate a, int base, int cs0) {
     int ns = slots_st(c, a) - base;
-    return caps_bytes(c, caps_of(c, a)) + (uint64_t)(ns > 0 ? ns : 0) * c->slot_bytes;
+    return caps_bytes(c, caps_of(c, a)) - kkv_sink_bytes(c, cs0) +
+           (uint64_t)(ns > 0 ? ns : 0) * c->slot_bytes;
 }
 
 /* Peak pool bytes (staging + pages taken from now on) of layer y over n more
@@ -503,14 +550,14 @@ static uint64_t st_bytes(const kkv_cache *c, lstate a, int base) {
  * the rest of the peak is within the last G + 1 steps: O(S + R + G) per call. */
 static uint64_t layer_peak(const kkv_cache *c, const kkv_lseq *y, int64_t n) {
     lstate a = lstate_of(y);
-    int base = y->n_slots;
-    uint64_t peak = caps_bytes(c, caps_of(c, a));
+    int base = y->n_slots, cs0 = y->cs;
+    uint64_t peak = st_bytes(c, a, base, cs0);
     int64_t warm = (int64_t)c->S + c->R + 3 * (int64_t)c->G;
     int64_t first = n < warm ? n : warm;
     for (int64_t i = 0; i < first; i++) {
         for (int step = 0; step < 2; step++) {
             a = step ? st_flush(c, a) : st_append(c, a);
-            uint64_t b = st_bytes(c, a, base);
+            uint64_t b = st_bytes(c, a, base, cs0);
             peak = b > peak ? b : peak;
         }
     }
@@ -520,9 +567,9 @@ static uint64_t layer_peak(const kkv_cache *c, const kkv_lseq *y, int64_t n) {
         for (int64_t len = from; len < end; len++) {
             lstate b = st_canonical(c, len);
             b = st_append(c, b);
-            uint64_t x = st_bytes(c, b, base);
+            uint64_t x = st_bytes(c, b, base, cs0);
             peak = x > peak ? x : peak;
-            x = st_bytes(c, st_flush(c, b), base);
+            x = st_bytes(c, st_flush(c, b), base, cs0);
             peak = x > peak ? x : peak;
         }
     }
@@ -553,7 +600,10 @@ kkv_status kkv_seq_reserve(kkv_cache *c, int seq, int n_tokens) {
         prev = same ? prev : layer_peak(c, y, n_tokens);
         need += prev;
     }
-    if (need <= s->credit) return KKV_OK;
+    if (need <= s->credit) {
+        s->rsv_len = longest + n_tokens > s->rsv_len ? longest + n_tokens : s->rsv_len;
+        return KKV_OK;
+    }
     uint64_t fp = need - s->credit;
     if (fp > c->budget - c->used)
         return kkv_fail(KKV_ERR_POOL_FULL,
@@ -563,6 +613,7 @@ kkv_status kkv_seq_reserve(kkv_cache *c, int seq, int n_tokens) {
                         seq, (unsigned long long)fp);
     c->used += fp;
     s->credit = need;
+    s->rsv_len = longest + n_tokens > s->rsv_len ? longest + n_tokens : s->rsv_len;
     return KKV_OK;
 }
 

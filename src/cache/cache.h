@@ -10,7 +10,9 @@
  * up to R tokens later than the key page, into the slot the key page took.
  * Slots are reference-counted: forks share the ones whose pages are complete.
  * Staging is per layer, grown and shrunk in KKV_STAGE_CHUNK-token steps, and
- * accounted against the pool through the sequence's credit (cache.c). */
+ * accounted against the pool through the sequence's credit (cache.c). The
+ * sink is a block of its own: once full it never changes, so forks share it
+ * (reference-counted, counted once in the pool like a slot). */
 #ifndef KKV_CACHE_CACHE_H
 #define KKV_CACHE_CACHE_H
 
@@ -36,17 +38,27 @@ typedef struct kkv_lseq {
     int       cap_slots;
     int      *slots;     /* [cap_slots] page table: slot of page p */
     int       cs, ck, cv;/* staging capacity in tokens: sink, key tail, value tail */
-    uint16_t *stage;     /* [H][2cs + ck + cv][D] fp16: sink K, sink V, key tail, value tail */
+    struct kkv_sink *sk; /* sink K and V ([H][2cs][D] fp16), or NULL; shared by forks */
+    uint16_t *stage;     /* [H][ck + cv][D] fp16: key tail, value tail */
 } kkv_lseq;
+
+/* A layer's sink block. ref: sequences using it; one that is shared is full
+ * (cs == S) and read-only. Its bytes are in kkv_cache.used while it lives. */
+typedef struct kkv_sink {
+    uint32_t ref, pad[3];  /* pad: data keeps malloc's 16-byte alignment */
+    uint16_t data[];       /* [H][2cs][D] fp16: sink K, then sink V, per head */
+} kkv_sink;
 
 typedef struct kkv_seq {
     int       live;
     kkv_lseq *ly;        /* [L] */
-    /* Pool bytes the sequence holds besides its pages: its staging plus a
-     * surplus that staging freed by a flush leaves, spent on the next pages
-     * first. kkv_seq_reserve() raises it; it never falls until free. */
+    /* Pool bytes the sequence holds besides its pages and sinks: its staging
+     * plus a surplus that kkv_seq_reserve() took or a flush freed, spent on
+     * the next pages first. Once every layer is rsv_len tokens long (the
+     * reservation is used up) the surplus goes back to the pool. */
     uint64_t  credit;
-    uint64_t  stage_bytes; /* sum over layers of the staging buffers */
+    uint64_t  stage_bytes; /* sum over layers of the key/value tail buffers */
+    int64_t   rsv_len;     /* length the last kkv_seq_reserve() covers */
     int       failed;    /* a forward pass failed midway: only kkv_seq_free() is allowed */
 } kkv_seq;
 
@@ -56,7 +68,8 @@ struct kkv_cache {
     size_t kpage, vpage;    /* bytes of one key / value page of one head */
     size_t slot_bytes;      /* H * (kpage + vpage): one layer's page p */
     int    max_k, max_v;    /* most tokens a key / value tail holds */
-    /* pool: used = slots in use * slot_bytes + credit of every live sequence */
+    /* pool: used = slots in use * slot_bytes + bytes of live sink blocks +
+     * credit of every live sequence */
     uint64_t  budget, used;
     int       max_slots;
     uint8_t **chunks;       /* [ceil(max_slots / KKV_SLOTS_PER_CHUNK)] lazily allocated */
@@ -75,24 +88,25 @@ struct kkv_cache {
     kkv_tp   *tp_own;       /* owned; NULL when n_threads <= 1 */
 };
 
-/* The fp16 staging of (layer, head): sink K [cs][D], sink V [cs][D], key
- * tail [ck][D], value tail [cv][D]. */
-static inline uint16_t *kkv_stage(const kkv_cache *c, const kkv_seq *s, int l, int h) {
-    const kkv_lseq *y = &s->ly[l];
-    return y->stage + (size_t)h * (size_t)(2 * y->cs + y->ck + y->cv) * c->D;
-}
+/* The fp16 staging of (layer, head): sink K [cs][D] and sink V [cs][D] in
+ * the sink block, key tail [ck][D] and value tail [cv][D] in the stage. NULL
+ * where the layer has no such buffer. */
 static inline uint16_t *kkv_sink_k(const kkv_cache *c, const kkv_seq *s, int l, int h) {
-    return kkv_stage(c, s, l, h);
+    const kkv_lseq *y = &s->ly[l];
+    return y->sk ? y->sk->data + (size_t)h * 2 * (size_t)y->cs * c->D : NULL;
 }
 static inline uint16_t *kkv_sink_v(const kkv_cache *c, const kkv_seq *s, int l, int h) {
-    return kkv_stage(c, s, l, h) + (size_t)s->ly[l].cs * c->D;
+    const kkv_lseq *y = &s->ly[l];
+    return y->sk ? y->sk->data + ((size_t)h * 2 + 1) * (size_t)y->cs * c->D : NULL;
 }
 static inline uint16_t *kkv_ktail(const kkv_cache *c, const kkv_seq *s, int l, int h) {
-    return kkv_stage(c, s, l, h) + (size_t)2 * s->ly[l].cs * c->D;
+    const kkv_lseq *y = &s->ly[l];
+    return y->stage ? y->stage + (size_t)h * (size_t)(y->ck + y->cv) * c->D : NULL;
 }
 static inline uint16_t *kkv_vtail(const kkv_cache *c, const kkv_seq *s, int l, int h) {
     const kkv_lseq *y = &s->ly[l];
-    return kkv_stage(c, s, l, h) + (size_t)(2 * y->cs + y->ck) * c->D;
+    return y->stage ? y->stage + ((size_t)h * (size_t)(y->ck + y->cv) + (size_t)y->ck) * c->D
+                    : NULL;
 }
 
 /* Slot memory and the pages of (layer, head) inside it. */
@@ -146,19 +160,31 @@ void       kkv_pool_untake(kkv_cache *c, int slot);
 int        kkv_seq_new_id(const kkv_cache *c);
 
 /* Credit accounting of one change to a sequence: staging goes from its
- * current bytes to new_stage and n_pages new slots are taken. Spends the
- * sequence's surplus first, then the pool; KKV_ERR_POOL_FULL (nothing changed)
- * if the pool cannot give the rest. kkv_seq_charge() only checks;
- * kkv_seq_commit() books it. */
-kkv_status kkv_seq_charge(const kkv_cache *c, const kkv_seq *s, uint64_t new_stage, int n_pages,
-                          uint64_t *from_pool);
-void       kkv_seq_commit(kkv_cache *c, kkv_seq *s, uint64_t new_stage, int n_pages,
+ * current bytes to new_stage and objects of obj_bytes (new slots, sink
+ * growth) are made. Spends the sequence's surplus first, then the pool;
+ * KKV_ERR_POOL_FULL (nothing changed) if the pool cannot give the rest.
+ * kkv_seq_charge() only checks; kkv_seq_commit() books it. */
+kkv_status kkv_seq_charge(const kkv_cache *c, const kkv_seq *s, uint64_t new_stage,
+                          uint64_t obj_bytes, uint64_t *from_pool);
+void       kkv_seq_commit(kkv_cache *c, kkv_seq *s, uint64_t new_stage, uint64_t obj_bytes,
                           uint64_t from_pool);
+/* Gives the surplus credit back to the pool once the reservation is used up. */
+void       kkv_seq_trim(kkv_cache *c, kkv_seq *s);
 
-/* Staging bytes of one layer with capacities (cs, ck, cv). */
+/* Staging bytes of one layer with capacities (cs, ck, cv): sink and tails. */
 static inline uint64_t kkv_stage_bytes(const kkv_cache *c, int cs, int ck, int cv) {
     return (uint64_t)c->H * c->D * 2 * (uint64_t)(2 * cs + ck + cv);
 }
+/* Bytes of a sink block of capacity cs (the header is bookkeeping, like a
+ * page table, and not counted). */
+static inline uint64_t kkv_sink_bytes(const kkv_cache *c, int cs) {
+    return kkv_stage_bytes(c, cs, 0, 0);
+}
+/* A sink block of capacity cs with one reference (bytes not yet accounted),
+ * or NULL when out of memory; kkv_sink_drop() drops one reference and, with
+ * the last, frees it and gives its bytes back to the pool. */
+kkv_sink  *kkv_sink_new(const kkv_cache *c, int cs);
+void       kkv_sink_drop(kkv_cache *c, kkv_sink *b, int cs);
 /* Capacity a region needs to hold n tokens: n rounded up to the chunk, at most max. */
 static inline int kkv_stage_cap(int n, int max) {
     int r = (n + KKV_STAGE_CHUNK - 1) / KKV_STAGE_CHUNK * KKV_STAGE_CHUNK;

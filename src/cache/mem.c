@@ -1,6 +1,6 @@
-/* Exact memory accounting: bytes of what is stored, by component. Pages that
- * forked sequences share count in full for each sequence that sees them, and
- * once for the pool. */
+/* Exact memory accounting: bytes of what is stored, by component. Pages and
+ * sinks that forked sequences share count in full for each sequence that sees
+ * them, and once for the pool. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,15 +8,34 @@
 #include "core/status.h"
 #include "quant/quant.h"
 
+/* Shared sink blocks already counted in a pool-wide sum: an open-addressing
+ * set of pointers, [cap] with cap a power of two above twice the number. */
+typedef struct sink_set {
+    const kkv_sink **v;
+    size_t           cap;
+} sink_set;
+
+/* 1 if b was in the set, else adds it and returns 0. */
+static int sink_seen(sink_set *ss, const kkv_sink *b) {
+    size_t i = ((uintptr_t)b >> 4) * 0x9e3779b97f4a7c15ull & (ss->cap - 1);
+    while (ss->v[i]) {
+        if (ss->v[i] == b) return 1;
+        i = (i + 1) & (ss->cap - 1);
+    }
+    ss->v[i] = b;
+    return 0;
+}
+
 /* Adds sequence s. seen: a bit per slot for the pool-wide sum (a shared page
- * is counted at its first visit), or NULL for one sequence. */
+ * is counted at its first visit) and ss the same for sinks, or both NULL for
+ * one sequence. */
 static void add_seq(const kkv_cache *c, const kkv_seq *s, kkv_mem *m, uint64_t *elems,
-                    uint8_t *seen) {
+                    uint8_t *seen, sink_set *ss) {
     uint64_t D = (uint64_t)c->D, G = (uint64_t)c->G, H = (uint64_t)c->H;
     kkv_key_layout kl = kkv_key_layout_of(c->D, c->G, c->nb);
     kkv_value_layout vl = kkv_value_layout_of(c->D, c->G, c->vbits);
     uint64_t vrow = D * (uint64_t)c->vbits / 8; /* one value's codes */
-    uint64_t longest = 0, slots = 0;
+    uint64_t longest = 0, slots = 0, sinks = 0;
     for (int l = 0; l < c->L; l++) {
         const kkv_lseq *y = &s->ly[l];
         kkv_counts n = kkv_counts_of(c, s, l);
@@ -34,7 +53,17 @@ static void add_seq(const kkv_cache *c, const kkv_seq *s, kkv_mem *m, uint64_t *
             vp += p < n.vp;
         }
         kp *= H, vp *= H;
-        uint64_t held16 = (uint64_t)2 * n.sink + (uint64_t)n.ktail + (uint64_t)n.vtail;
+        uint64_t sink16 = (uint64_t)2 * n.sink;
+        if (y->sk) {
+            int shared = y->sk->ref > 1;
+            if (ss && shared && sink_seen(ss, y->sk)) {
+                sink16 = 0; /* counted already */
+            } else {
+                if (shared) m->shared += kkv_sink_bytes(c, y->cs);
+                sinks += kkv_sink_bytes(c, y->cs);
+            }
+        }
+        uint64_t held16 = sink16 + (uint64_t)n.ktail + (uint64_t)n.vtail;
         if (c->fp16) {
             m->fp16 += (kp + vp) * G * D * 2 + vpart * H * D * 2;
         } else {
@@ -50,7 +79,7 @@ static void add_seq(const kkv_cache *c, const kkv_seq *s, kkv_mem *m, uint64_t *
         longest = (uint64_t)n.len > longest ? (uint64_t)n.len : longest;
     }
     m->tokens += longest;
-    m->capacity += slots * c->slot_bytes + s->credit;
+    m->capacity += slots * c->slot_bytes + sinks + s->credit;
 }
 
 static void finish(kkv_mem *m, uint64_t elems) {
@@ -65,7 +94,7 @@ kkv_status kkv_seq_mem(const kkv_cache *c, kkv_mem *out, int seq) {
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "seq_mem: no sequence %d", seq);
     uint64_t elems = 0;
     memset(out, 0, sizeof *out);
-    add_seq(c, s, out, &elems, NULL);
+    add_seq(c, s, out, &elems, NULL, NULL);
     finish(out, elems);
     out->used = out->capacity;
     return KKV_OK;
@@ -73,13 +102,24 @@ kkv_status kkv_seq_mem(const kkv_cache *c, kkv_mem *out, int seq) {
 
 kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out) {
     if (!c || !out) return kkv_fail(KKV_ERR_INVALID_ARG, "cache_mem: NULL argument");
+    size_t n_shared = 0;
+    for (int i = 0; i < c->cfg.max_seqs; i++)
+        for (int l = 0; c->seqs[i].live && l < c->L; l++)
+            n_shared += c->seqs[i].ly[l].sk && c->seqs[i].ly[l].sk->ref > 1;
+    sink_set ss = {NULL, 1};
+    while (ss.cap < 2 * n_shared + 2) ss.cap *= 2;
+    ss.v = calloc(ss.cap, sizeof *ss.v); /* [cap] */
     uint8_t *seen = calloc((size_t)c->n_made / 8 + 1, 1); /* [n_made] bits */
-    if (!seen) return kkv_fail(KKV_ERR_NOMEM, "cache_mem: out of memory");
+    if (!seen || !ss.v) {
+        free(seen), free(ss.v);
+        return kkv_fail(KKV_ERR_NOMEM, "cache_mem: out of memory");
+    }
     uint64_t elems = 0;
     memset(out, 0, sizeof *out);
     for (int i = 0; i < c->cfg.max_seqs; i++)
-        if (c->seqs[i].live) add_seq(c, &c->seqs[i], out, &elems, seen);
+        if (c->seqs[i].live) add_seq(c, &c->seqs[i], out, &elems, seen, &ss);
     free(seen);
+    free(ss.v);
     finish(out, elems);
     out->used = c->used;
     out->capacity = c->budget;

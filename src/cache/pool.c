@@ -1,6 +1,7 @@
 /* Page pool: slots made lazily in chunks, a free stack and a reference count
  * per slot (forked sequences share pages). The byte budget is kept by the
- * callers' credit accounting (cache.c): c->used counts every slot in use once. */
+ * callers' credit accounting (cache.c): c->used counts every slot in use once.
+ * Sink blocks are reference-counted the same way. */
 #include <stdlib.h>
 
 #include "cache/cache.h"
@@ -42,4 +43,16 @@ void kkv_pool_untake(kkv_cache *c, int slot) {
     c->ref[slot] = 0;
     c->free_slots[c->n_free++] = slot;
     c->n_used_slots--;
+}
+
+kkv_sink *kkv_sink_new(const kkv_cache *c, int cs) {
+    kkv_sink *b = malloc(sizeof *b + (size_t)kkv_sink_bytes(c, cs));
+    if (b) b->ref = 1;
+    return b;
+}
+
+void kkv_sink_drop(kkv_cache *c, kkv_sink *b, int cs) {
+    if (!b || --b->ref) return;
+    c->used -= kkv_sink_bytes(c, cs);
+    free(b);
 }

@@ -264,7 +264,7 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
     const uint8_t *cnt;
     if (take(&r, (size_t)c->L * 12, &cnt)) return fmt("truncated layer table");
     int G = c->G;
-    uint64_t stage = 0;
+    uint64_t stage = 0, sinks = 0; /* tails (credit) and sink blocks */
     int pages = 0;
     for (int l = 0; l < c->L; l++) {
         uint32_t len = ld_u32(cnt + 12 * l), kp = ld_u32(cnt + 12 * l + 4),
@@ -279,11 +279,12 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
         if (c->eager && vq != (post > (uint32_t)c->R ? post - (uint32_t)c->R : 0))
             return fmt("layer counts inconsistent with eager values");
         kkv_counts k = kkv_counts_make(c, (int)len, (int)kp, (int)vq);
-        stage += kkv_stage_bytes(c, kkv_stage_cap(k.sink, c->S), kkv_stage_cap(k.ktail, c->max_k),
+        stage += kkv_stage_bytes(c, 0, kkv_stage_cap(k.ktail, c->max_k),
                                  kkv_stage_cap(k.vtail, c->max_v));
+        sinks += kkv_sink_bytes(c, kkv_stage_cap(k.sink, c->S));
         pages += kkv_slots_for(c, &k);
     }
-    uint64_t need = stage + (uint64_t)pages * c->slot_bytes;
+    uint64_t need = stage + sinks + (uint64_t)pages * c->slot_bytes;
     /* bytes the layers' contents take, to refuse truncation before allocating */
     size_t D = (size_t)c->D, vrow = D * (size_t)(c->fp16 ? 16 : c->vbits) / 8;
     uint64_t body = 0;
@@ -316,9 +317,11 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
         y->cs = kkv_stage_cap(k.sink, c->S);
         y->ck = kkv_stage_cap(k.ktail, c->max_k);
         y->cv = kkv_stage_cap(k.vtail, c->max_v);
-        size_t sb = (size_t)kkv_stage_bytes(c, y->cs, y->ck, y->cv);
+        size_t sb = (size_t)kkv_stage_bytes(c, 0, y->ck, y->cv);
         int ns = kkv_slots_for(c, &k);
         if (sb && !(y->stage = malloc(sb))) st = kkv_fail(KKV_ERR_NOMEM, "seq_load: out of memory");
+        if (y->cs && st == KKV_OK && !(y->sk = kkv_sink_new(c, y->cs)))
+            st = kkv_fail(KKV_ERR_NOMEM, "seq_load: out of memory");
         if (ns && st == KKV_OK && !(y->slots = malloc((size_t)ns * sizeof *y->slots)))
             st = kkv_fail(KKV_ERR_NOMEM, "seq_load: out of memory");
         y->cap_slots = ns;
@@ -377,6 +380,7 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
             for (int p = 0; p < t.ly[l].n_slots; p++) kkv_pool_untake(c, t.ly[l].slots[p]);
             free(t.ly[l].slots);
             free(t.ly[l].stage);
+            free(t.ly[l].sk); /* never accounted */
         }
         free(t.ly);
         return st;

@@ -34,6 +34,7 @@
 
 #include "core/status.h"
 #include "kittykv_model.h"
+#include "model/tokenizer_spm.h"
 
 /* ------------------------------------------------------------ byte alphabet */
 
@@ -148,6 +149,7 @@ struct kkv_tok {
     const pre_def *pre;
     pcre2_code *re[MAX_RE]; /* [n_re] */
     int         n_re;
+    kkv_spm    *spm; /* a SentencePiece vocabulary: everything above but the ids unused */
 };
 
 static uint32_t hash_bytes(const char *p, size_t n) {
@@ -195,6 +197,7 @@ void kkv_tok_free(kkv_tok *t) {
     free(t->tmap);
     free(t->pmap);
     free(t->special);
+    kkv_spm_free(t->spm);
     free(t);
 }
 
@@ -426,15 +429,43 @@ static kkv_status compile_pre(kkv_tok *t) {
     return KKV_OK;
 }
 
+/* The special ids and the BOS default, shared by both tokenizer kinds. */
+static kkv_status read_ids(kkv_tok *t, const kkv_gguf *g) {
+    KKV_TRY(read_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab, &t->bos));
+    KKV_TRY(read_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab, &t->eos));
+    KKV_TRY(read_id(g, "tokenizer.ggml.eot_token_id", t->n_vocab, &t->eot));
+    if (t->eot < 0) {
+        static const char *const eot_names[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>",
+                                                "<|end|>", "<|end_of_turn|>"};
+        for (size_t i = 0; i < sizeof eot_names / sizeof eot_names[0] && t->eot < 0; i++)
+            t->eot = kkv_tok_find(t, eot_names[i]);
+    }
+    int wb = 0;
+    kkv_status s = kkv_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &wb);
+    if (s != KKV_OK && s != KKV_ERR_NOT_FOUND)
+        return meta_fail(s, "tokenizer.ggml.add_bos_token");
+    t->wants_bos = s == KKV_OK && wb;
+    return KKV_OK;
+}
+
 static kkv_status build(kkv_tok *t, const kkv_gguf *g, const char *pre) {
     kkv_gguf_str model;
     kkv_status s = kkv_gguf_get_str(g, "tokenizer.ggml.model", &model);
     if (s == KKV_ERR_NOT_FOUND) return kkv_fail(KKV_ERR_FORMAT, "no tokenizer.ggml.model in the file");
     if (s != KKV_OK) return meta_fail(s, "tokenizer.ggml.model");
+    if (kkv_gguf_str_eq(model, "llama")) { /* SentencePiece: tokenizer_spm.c */
+        if (pre)
+            return kkv_fail(KKV_ERR_UNSUPPORTED, "pre-tokenizer '%s': a SentencePiece vocabulary "
+                            "has no pre-tokenizer to override", pre);
+        KKV_TRY(kkv_spm_from_gguf(&t->spm, g));
+        t->n_vocab = kkv_spm_n_vocab(t->spm);
+        return read_ids(t, g);
+    }
     if (!kkv_gguf_str_eq(model, "gpt2")) {
         char shown[64];
         return kkv_fail(KKV_ERR_UNSUPPORTED,
-                        "tokenizer model '%s' is not supported (only byte-level BPE, 'gpt2')",
+                        "tokenizer model '%s' is not supported (byte-level BPE 'gpt2' and "
+                        "SentencePiece 'llama' are)",
                         kkv_printable(shown, sizeof shown, model.ptr, model.len));
     }
 
@@ -472,22 +503,7 @@ static kkv_status build(kkv_tok *t, const kkv_gguf *g, const char *pre) {
     KKV_TRY(load_vocab(t, toks));
     KKV_TRY(load_merges(t, g));
     KKV_TRY(load_specials(t));
-
-    KKV_TRY(read_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab, &t->bos));
-    KKV_TRY(read_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab, &t->eos));
-    KKV_TRY(read_id(g, "tokenizer.ggml.eot_token_id", t->n_vocab, &t->eot));
-    if (t->eot < 0) {
-        static const char *const eot_names[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>",
-                                                "<|end|>", "<|end_of_turn|>"};
-        for (size_t i = 0; i < sizeof eot_names / sizeof eot_names[0] && t->eot < 0; i++)
-            t->eot = kkv_tok_find(t, eot_names[i]);
-    }
-    int wb = 0;
-    s = kkv_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &wb);
-    if (s != KKV_OK && s != KKV_ERR_NOT_FOUND)
-        return meta_fail(s, "tokenizer.ggml.add_bos_token");
-    t->wants_bos = s == KKV_OK && wb;
-
+    KKV_TRY(read_ids(t, g));
     return compile_pre(t);
 }
 
@@ -513,15 +529,19 @@ int32_t kkv_tok_bos(const kkv_tok *t) { return t ? t->bos : -1; }
 int32_t kkv_tok_eos(const kkv_tok *t) { return t ? t->eos : -1; }
 int32_t kkv_tok_eot(const kkv_tok *t) { return t ? t->eot : -1; }
 int     kkv_tok_wants_bos(const kkv_tok *t) { return t ? t->wants_bos : 0; }
-const char *kkv_tok_pre_name(const kkv_tok *t) { return t ? t->pre->name : ""; }
+const char *kkv_tok_pre_name(const kkv_tok *t) {
+    return !t ? "" : t->spm ? "none (SentencePiece)" : t->pre->name;
+}
 
 int kkv_tok_type(const kkv_tok *t, int32_t token) {
+    if (t && t->spm) return kkv_spm_type(t->spm, token);
     if (!t || token < 0 || token >= t->n_vocab) return -1;
     return t->type[token];
 }
 
 int32_t kkv_tok_find(const kkv_tok *t, const char *text) {
     if (!t || !text) return -1;
+    if (t->spm) return kkv_spm_find(t->spm, text, strlen(text));
     return tmap_get(t, text, strlen(text));
 }
 
@@ -532,14 +552,20 @@ kkv_status kkv_tok_piece(const kkv_tok *t, char *buf, size_t cap, size_t *n_out,
     if (token < 0 || token >= t->n_vocab)
         return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_token_piece: token %d is not in 0..%d",
                         (int)token, t->n_vocab - 1);
-    span p = t->piece[token];
-    if (cap < p.len) {
-        *n_out = p.len;
-        return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_token_piece: buffer of %zu bytes, token %d needs %u",
-                        cap, (int)token, (unsigned)p.len);
+    const char *src = NULL;
+    size_t len = 0;
+    if (t->spm) kkv_spm_piece(t->spm, token, &src, &len);
+    else {
+        src = t->piece_arena + t->piece[token].off;
+        len = t->piece[token].len;
     }
-    if (p.len) memcpy(buf, t->piece_arena + p.off, p.len);
-    *n_out = p.len;
+    if (cap < len) {
+        *n_out = len;
+        return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_token_piece: buffer of %zu bytes, token %d needs %zu",
+                        cap, (int)token, len);
+    }
+    if (len) memcpy(buf, src, len);
+    *n_out = len;
     return KKV_OK;
 }
 
@@ -548,7 +574,7 @@ kkv_status kkv_tok_piece(const kkv_tok *t, char *buf, size_t cap, size_t *n_out,
 /* Elementary encoding steps on this thread (heap operations, regex calls,
  * special-token probes): tests bound complexity by this, not by a clock. */
 static _Thread_local uint64_t work_count;
-uint64_t kkv_tok_work(void) { return work_count; }
+uint64_t kkv_tok_work(void) { return work_count + kkv_spm_work(); }
 
 typedef struct enc {
     const kkv_tok *t;
@@ -796,10 +822,33 @@ static void find_special(const kkv_tok *t, const uint8_t *p, size_t n, size_t fr
     *id = -1;
 }
 
+/* Hands n ids over to the caller's tokens [cap] (kkv_tokenize's contract). */
+static kkv_status deliver(const int32_t *ids, size_t n, int32_t *tokens, int cap, int *n_out) {
+    if (n > INT_MAX)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_tokenize: %zu tokens do not fit an int", n);
+    *n_out = (int)n;
+    if (n > (size_t)cap)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_tokenize: room for %d tokens, %zu needed", cap, n);
+    if (n) memcpy(tokens, ids, n * sizeof *tokens);
+    return KKV_OK;
+}
+
+static kkv_status encode_spm(const kkv_tok *t, int32_t *tokens, int cap, int *n_out,
+                             const char *text, size_t len, int add_bos, int special) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int32_t bos = add_bos && t->wants_bos ? t->bos : -1;
+    kkv_status s = kkv_spm_encode(t->spm, &ids, &n, text, len, bos, special);
+    if (s == KKV_OK) s = deliver(ids, n, tokens, cap, n_out);
+    free(ids);
+    return s;
+}
+
 kkv_status kkv_tok_encode(const kkv_tok *t, int32_t *tokens, int cap, int *n_out,
                           const char *text, size_t len, int add_bos, int special) {
     if (!t || !n_out || cap < 0 || (!tokens && cap > 0) || (!text && len > 0))
         return kkv_fail(KKV_ERR_INVALID_ARG, "kkv_tokenize: NULL or negative argument");
+    if (t->spm) return encode_spm(t, tokens, cap, n_out, text, len, add_bos, special);
     enc e = {0};
     e.t = t;
     e.md = pcre2_match_data_create(1, NULL);
@@ -815,16 +864,7 @@ kkv_status kkv_tok_encode(const kkv_tok *t, int32_t *tokens, int cap, int *n_out
         if (s == KKV_OK && sid >= 0) s = push(&e, sid);
         pos = me;
     }
-    if (s == KKV_OK && e.n_out > INT_MAX)
-        s = kkv_fail(KKV_ERR_INVALID_ARG, "kkv_tokenize: %zu tokens do not fit an int", e.n_out);
-    if (s == KKV_OK && e.n_out > (size_t)cap) {
-        *n_out = (int)e.n_out;
-        s = kkv_fail(KKV_ERR_INVALID_ARG, "kkv_tokenize: room for %d tokens, %zu needed", cap,
-                     e.n_out);
-    } else if (s == KKV_OK) {
-        if (e.n_out) memcpy(tokens, e.out, e.n_out * sizeof *tokens);
-        *n_out = (int)e.n_out;
-    }
+    if (s == KKV_OK) s = deliver(e.out, e.n_out, tokens, cap, n_out);
     pcre2_match_data_free(e.md);
     free(e.out);
     free(e.sym);

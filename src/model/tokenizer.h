@@ -1,6 +1,8 @@
 /* Byte-level BPE tokenizer built from the GGUF vocabulary
  * (tokenizer.ggml.tokens / merges / token_type / *_token_id), with the
- * pre-tokenizer split of the model's tokenizer.ggml.pre (PCRE2, Unicode). */
+ * pre-tokenizer split of the model's tokenizer.ggml.pre (PCRE2, Unicode);
+ * or, for tokenizer.ggml.model "llama", SentencePiece BPE over the tokens,
+ * scores and types (tokenizer_spm.c), behind the same calls. */
 #ifndef KKV_MODEL_TOKENIZER_H
 #define KKV_MODEL_TOKENIZER_H
 
@@ -14,8 +16,8 @@ typedef struct kkv_tok kkv_tok;
 
 /* Builds a tokenizer from the metadata of g (copies what it needs; g may be
  * closed afterwards). KKV_ERR_UNSUPPORTED for a tokenizer model other than
- * "gpt2" (byte-level BPE) or an unknown pre-tokenizer; KKV_ERR_FORMAT for
- * missing/inconsistent arrays. */
+ * "gpt2" (byte-level BPE) or "llama" (SentencePiece) or an unknown
+ * pre-tokenizer; KKV_ERR_FORMAT for missing/inconsistent arrays. */
 kkv_status kkv_tok_from_gguf(kkv_tok **out, const kkv_gguf *g);
 void       kkv_tok_free(kkv_tok *t);
 
@@ -44,11 +46,12 @@ enum {
 
 /* As kkv_tok_from_gguf, but with the pre-tokenizer named `pre` instead of the
  * model's tokenizer.ggml.pre (NULL: the model's). For tests and the CLI's
- * --pre. Known names: see kkv_tok_pre_names(). */
+ * --pre. Known names: see kkv_tok_pre_names(). A SentencePiece vocabulary
+ * has no pre-tokenizer: any `pre` is KKV_ERR_UNSUPPORTED there. */
 kkv_status kkv_tok_from_gguf_pre(kkv_tok **out, const kkv_gguf *g, const char *pre);
 /* The pre-tokenizer names this build knows, NULL-terminated. */
 const char *const *kkv_tok_pre_names(void);
-/* The pre-tokenizer name in use (never NULL). */
+/* The pre-tokenizer name in use (never NULL; "none (SentencePiece)"). */
 const char *kkv_tok_pre_name(const kkv_tok *t);
 /* Type of a token (KKV_TOKTYPE_*), or -1 for an id out of range. */
 int        kkv_tok_type(const kkv_tok *t, int32_t token);

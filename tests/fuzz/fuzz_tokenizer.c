@@ -1,11 +1,15 @@
 /* libFuzzer target for the tokenizer, on the default model's vocabulary
  * ($KKV_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf under the source
- * tree) with every pre-tokenizer this build knows. Input byte 0 picks the
- * pre-tokenizer (low bits), special-token parsing (bit 6) and BOS (bit 7);
- * the rest is the text. Checks: status OK, every id in range, the count
- * reported for a too-small buffer equals the real count, and the round trip
- * detokenize(tokenize(x)) == x whenever it must hold (no BOS, and every byte
- * of x has a byte token of its own: else U+FFFD stands in for it). */
+ * tree) with every pre-tokenizer this build knows, then the SentencePiece
+ * path on tests/fuzz/corpus_gguf/tiny_spm.seed (a tiny vocabulary written by
+ * make_seeds.py, also a seed of fuzz_gguf) and on the Gemma 3 vocabulary
+ * (models/gemma-3-270m-q4_k_m.gguf) when present. Input byte 0 picks the
+ * tokenizer (low bits), special-token parsing (bit 6) and BOS (bit 7); the
+ * rest is the text. Checks: status OK, every id in range, the count reported
+ * for a too-small buffer equals the real count, and the round trip
+ * detokenize(tokenize(x)) == x whenever it must hold (no BOS; byte-level BPE:
+ * every byte of x has a byte token of its own, else U+FFFD stands in for it;
+ * SentencePiece: x has no U+2581, which decodes as a space). */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,25 +23,46 @@
 #define KKV_SOURCE_DIR "."
 #endif
 
-#define MAX_PRE 16
-static kkv_tok *g_tok[MAX_PRE];
+#define MAX_TOK 16
+static kkv_tok *g_tok[MAX_TOK];
+static int g_spm[MAX_TOK]; /* a SentencePiece tokenizer (byte fallback, no space prefix) */
 static int g_n_tok;
-static int g_byte_ok[256]; /* byte b alone tokenizes to one token whose piece is b */
+static int g_byte_ok[256]; /* byte b alone tokenizes to one token whose piece is b (BPE) */
+
+/* Adds the tokenizer(s) of a file: every pre-tokenizer for a BPE vocabulary,
+ * the one for SentencePiece. A missing file adds none. */
+static void add_file(const char *path, int all_pre) {
+    kkv_gguf *g = NULL;
+    if (kkv_gguf_open(&g, path) != KKV_OK) {
+        fprintf(stderr, "fuzz_tokenizer: %s (skipped)\n", kkv_last_error());
+        return;
+    }
+    const char *const *names = kkv_tok_pre_names();
+    for (int i = 0; all_pre && names[i] && g_n_tok < MAX_TOK; i++)
+        if (kkv_tok_from_gguf_pre(&g_tok[g_n_tok], g, names[i]) == KKV_OK) g_n_tok++;
+    if (!all_pre && g_n_tok < MAX_TOK) {
+        if (kkv_tok_from_gguf(&g_tok[g_n_tok], g) != KKV_OK) {
+            fprintf(stderr, "fuzz_tokenizer: %s: %s\n", path, kkv_last_error());
+            abort();
+        }
+        g_spm[g_n_tok++] = 1;
+    }
+    kkv_gguf_close(g);
+}
 
 static void init(void) {
     const char *path = getenv("KKV_MODEL");
     if (!path || !*path) path = KKV_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    kkv_gguf *g = NULL;
-    if (kkv_gguf_open(&g, path) != KKV_OK) {
-        fprintf(stderr, "fuzz_tokenizer: %s\n", kkv_last_error());
-        abort();
+    add_file(path, 1);
+    int n_bpe = g_n_tok;
+    add_file(KKV_SOURCE_DIR "/tests/fuzz/corpus_gguf/tiny_spm.seed", 0);
+    FILE *f = fopen(KKV_SOURCE_DIR "/models/gemma-3-270m-q4_k_m.gguf", "rb");
+    if (f) {
+        fclose(f);
+        add_file(KKV_SOURCE_DIR "/models/gemma-3-270m-q4_k_m.gguf", 0);
     }
-    const char *const *names = kkv_tok_pre_names();
-    for (int i = 0; names[i] && g_n_tok < MAX_PRE; i++)
-        if (kkv_tok_from_gguf_pre(&g_tok[g_n_tok], g, names[i]) == KKV_OK) g_n_tok++;
-    kkv_gguf_close(g);
     if (!g_n_tok) abort();
-    for (int b = 0; b < 256; b++) {
+    for (int b = 0; b < 256 && n_bpe; b++) {
         char c = (char)b, piece[16];
         int32_t id;
         int n = 0;
@@ -53,7 +78,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!g_n_tok) init();
     if (size < 1 || size > 1 << 16) return 0;
-    const kkv_tok *t = g_tok[(data[0] & 0x3f) % g_n_tok];
+    int which = (data[0] & 0x3f) % g_n_tok;
+    const kkv_tok *t = g_tok[which];
     int special = (data[0] >> 6) & 1, bos = data[0] >> 7;
     const char *text = (const char *)data + 1;
     size_t len = size - 1;
@@ -81,7 +107,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         w += pl;
     }
     int must = !bos;
-    for (size_t i = 0; i < len && must; i++) must = g_byte_ok[(uint8_t)text[i]];
+    if (g_spm[which])
+        for (size_t i = 0; i + 2 < len && must; i++) must = memcmp(text + i, "\xE2\x96\x81", 3) != 0;
+    else
+        for (size_t i = 0; i < len && must; i++) must = g_byte_ok[(uint8_t)text[i]];
     if (must && (w != len || memcmp(back, text, len))) __builtin_trap();
     free(ids);
     free(back);

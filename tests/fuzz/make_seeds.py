@@ -75,6 +75,44 @@ def tiny_llama(path):
     w.close()
 
 
+def tiny_spm(path):
+    """A vocabulary-only GGUF with a small SentencePiece vocabulary (model
+    "llama"): control, unknown, user-defined (a space run, a newline, a tag),
+    unused and byte tokens, and scored pieces, for fuzz_tokenizer's SPM path."""
+    import gguf
+    w = gguf.GGUFWriter(path, "llama")
+    sp = "\u2581"
+    toks = ["<unk>", "<s>", "</s>", "<start_of_turn>", "<end_of_turn>", "  ", "\n", "<u>"]
+    types = [2, 3, 3, 3, 3, 4, 4, 4]
+    scores = [0.0] * len(toks)
+    toks += ["<0x%02X>" % b for b in range(256)]
+    types += [6] * 256
+    scores += [0.0] * 256
+    pieces = [sp, "a", "b", "e", "h", "l", "o", "r", "t", "w", "x", "y", "\u00e9", "\u65e5",
+              sp + "t", "he", sp + "the", "ll", "llo", "he" + "llo", sp + "w", "or", sp + "wor",
+              "ld", sp + "world", sp + sp, "ab", "ba", "xyz"]
+    for i, pc in enumerate(pieces):
+        toks.append(pc)
+        types.append(1)
+        scores.append(-float(i))
+    toks.append("xy")  # unused: merged, then split back
+    types.append(5)
+    scores.append(0.5)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+
+
 def npy(shape_text, data):
     d = "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }" % shape_text
     pad = (64 - (10 + len(d) + 1) % 64) % 64
@@ -108,6 +146,18 @@ def main():
              b"\x46<|im_end|><|im_end|><|im_start|"]
     for i, t in enumerate(texts):
         write("corpus_tokenizer", f"text{i}.seed", t)
+    spm_seeds()
+
+
+def spm_seeds():
+    """The SPM vocabulary and texts for it: byte 0 picks tokenizer 8 or 9 (the
+    SPM ones when the SmolLM2 model is there: 8 BPE pre-tokenizers first)."""
+    tiny_spm(os.path.join(HERE, "corpus_gguf", "tiny_spm.seed"))
+    texts = [b"\x08hello world  the   wor\nld", b"\x48<s><start_of_turn>user\nhi<end_of_turn>\n",
+             b"\x09 \xe2\x96\x81 xyz xy \xc3\xa9\xe6\x97\xa5 \xff\xfe\xc3", b"\x88<u>  <u>\t\t",
+             b"\x49<start_of_turn<end_of_turn>><s", b"\x08" + b"ab" * 200 + b" " * 50]
+    for i, t in enumerate(texts):
+        write("corpus_tokenizer", f"spm{i}.seed", t)
 
 
 if __name__ == "__main__":

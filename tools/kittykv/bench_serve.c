@@ -232,7 +232,7 @@ int bench_serve(int argc, char **argv) {
                o.threads > 1 ? "s" : "", kkv_kernel_name(used));
         if (o.shared_prefix)
             printf("every sequence forks one %d-token prefix and reserves %d tokens of its own; "
-                   "MiB/seq = what a fork holds beyond the shared pages; seqs/fp16 is against "
+                   "MiB/seq = what a fork holds beyond the shared pages and sink; seqs/fp16 is against "
                    "fp16 without sharing (%d)\n", o.shared_prefix, o.ctx - o.shared_prefix,
                    fp16 >= 0 ? ms[fp16].fit_plain : 0);
         printf("%-16s %8s %9s %10s %6s %10s %10s %10s %9s %9s %9s\n", "method", "seqs fit", "no-share",
