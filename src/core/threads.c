@@ -16,15 +16,21 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <time.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "core/status.h"
 
-/* Polls of the job counter before a worker sleeps (about 50-100 us) and of
- * the busy count before the caller sleeps; every 64th poll yields the core. */
-#define SPIN_POLLS 20000
+/* How long a worker polls for the next job, and the caller for the last
+ * worker, before sleeping. Every 64th poll yields the core (another pool's
+ * thread, or another process, may be the one that has to run) and reads the
+ * clock: the bound is wall time, so on an oversubscribed machine, where one
+ * yield can last a time slice, a poller sleeps after its first long yield
+ * (a bound in polls made every wait last hundreds of other processes' time
+ * slices there: test_capacity ran 30x slower under load). */
+#define SPIN_NS 300000
 
 struct kkv_threadpool {
     int             n_workers; /* threads besides the caller */
@@ -43,11 +49,26 @@ struct kkv_threadpool {
     atomic_int      next;
 };
 
-static inline void cpu_relax(int i) {
+static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
-    if ((i & 63) == 63) sched_yield(); /* a loaded machine: let the other job's thread run */
+}
+
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+/* 1 while poll i (from 0) is within SPIN_NS of the first; yields and reads
+ * the clock every 64th poll only. */
+static inline int still_spinning(int i, long long *t0) {
+    if ((i & 63) != 63) return 1;
+    sched_yield();
+    long long t = now_ns();
+    if (*t0 == 0) *t0 = t;
+    return t - *t0 < SPIN_NS;
 }
 
 static void drain(kkv_tp *tp) {
@@ -60,9 +81,10 @@ static void drain(kkv_tp *tp) {
 
 /* Waits until a job after `seen` is published or the pool quits. */
 static void wait_job(kkv_tp *tp, unsigned long seen) {
-    for (int i = 0; i < SPIN_POLLS; i++) {
+    long long t0 = 0;
+    for (int i = 0; still_spinning(i, &t0); i++) {
         if (atomic_load(&tp->generation) != seen || atomic_load(&tp->quit)) return;
-        cpu_relax(i);
+        cpu_relax();
     }
     pthread_mutex_lock(&tp->mu);
     atomic_fetch_add(&tp->sleepers, 1);
@@ -154,7 +176,8 @@ void kkv_tp_run(kkv_tp *tp, int n_tasks, kkv_task_fn fn, void *ctx) {
         pthread_mutex_unlock(&tp->mu);
     }
     drain(tp);
-    for (int i = 0; i < SPIN_POLLS && atomic_load(&tp->busy) > 0; i++) cpu_relax(i);
+    long long t0 = 0;
+    for (int i = 0; atomic_load(&tp->busy) > 0 && still_spinning(i, &t0); i++) cpu_relax();
     if (atomic_load(&tp->busy) > 0) {
         pthread_mutex_lock(&tp->mu);
         atomic_store(&tp->caller_waiting, 1);
