@@ -19,8 +19,14 @@ window. Time per output token: gaps between consecutive streamed tokens of
 one conversation (first token excluded), pooled over all conversations.
 CPU time of the server process (all threads) is printed beside wall time.
 
+With --ttft it measures instead the time to first token of a chat request
+whose system prompt is --system-words words long: cold (cache_prompt false)
+and when a second user's prompt forks the entry the first user left at the
+end of the system turns (same text checked).
+
 Usage: bench/serve_load.py --kittykv build/kittykv [--methods fp16,kitty,kitty-pro]
-         [--kv-budget MB] [--ctx N] [--prompt-words N] [--max-conv N] [-t THREADS]"""
+         [--kv-budget MB] [--ctx N] [--prompt-words N] [--max-conv N] [-t THREADS]
+       bench/serve_load.py --kittykv build/kittykv --ttft [--system-words N] ..."""
 import argparse
 import http.client
 import json
@@ -135,6 +141,63 @@ def fit_count(exe, model, method, budget, ctx, threads):
     return json.loads(r.stdout.strip().splitlines()[-1])["rows"][0]["max_seqs"]
 
 
+def ttft_chat(port, body):
+    """Seconds to the first streamed content token of a chat request, and its text."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    t0 = time.time()
+    c.request("POST", "/v1/chat/completions", json.dumps(dict(body, stream=True)),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    first, text = None, ""
+    for line in r:
+        if line.startswith(b"data: {"):
+            ev = json.loads(line[6:])
+            d = ev["choices"][0]["delta"].get("content") if ev.get("choices") else None
+            if d:
+                first = first or time.time() - t0
+                text += d
+    c.close()
+    return first, text
+
+
+def ttft(a, words):
+    """Time to first token of a chat request whose system prompt is `system_words`
+    words of the text: cold (cache_prompt false), the first user (cold too; its
+    system turns become an entry), and a second user with another question
+    (forks the entry). Prints one line per method and a JSON line."""
+    system = " ".join(words[:a.system_words])
+    rows = []
+    for method in a.methods.split(","):
+        p, port = start(a.kittykv, a.model, ["--kv", method, "--kv-budget", str(a.kv_budget),
+                                             "-c", str(a.ctx), "-t", str(a.threads)])
+        try:
+            def ask(q, **kw):
+                return dict({"messages": [{"role": "system", "content": system},
+                                          {"role": "user", "content": q}],
+                             "max_tokens": 8, "temperature": 0}, **kw)
+            cold, cold_text = ttft_chat(port, ask("Name a river.", cache_prompt=False))
+            first, _ = ttft_chat(port, ask("Name a mountain."))
+            hit, hit_text = ttft_chat(port, ask("Name a river."))
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            c.request("GET", "/metrics")
+            m = c.getresponse().read().decode()
+            reused = [ln for ln in m.splitlines()
+                      if ln.startswith("kittykv_prefix_tokens_reused_total")]
+        finally:
+            stop(p)
+        row = {"method": method, "cold_s": cold, "first_user_s": first, "hit_s": hit,
+               "same_text": cold_text == hit_text,
+               "tokens_reused": int(reused[0].split()[1]) if reused else 0}
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
+    print(f"time to first token, {a.system_words}-word system prompt ({a.threads} threads)")
+    print(f"{'method':<12}{'reused':>8}{'cold s':>9}{'hit s':>9}{'speed-up':>10}{'same':>6}")
+    for r in rows:
+        print(f"{r['method']:<12}{r['tokens_reused']:>8}{r['cold_s']:>9.2f}{r['hit_s']:>9.2f}"
+              f"{r['cold_s'] / r['hit_s']:>9.1f}x{'yes' if r['same_text'] else 'NO':>6}")
+    print(json.dumps({"bench": "serve_ttft", "system_words": a.system_words, "rows": rows}))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kittykv", required=True)
@@ -148,8 +211,16 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
     ap.add_argument("--text", default=os.path.join(os.path.dirname(__file__), "..", "data",
                                                    "handbook.txt"))
+    ap.add_argument("--at", type=int, default=0,
+                    help="run every method at this many conversations only (no search)")
+    ap.add_argument("--ttft", action="store_true",
+                    help="measure time to first token with and without a prefix hit instead")
+    ap.add_argument("--system-words", type=int, default=2400,
+                    help="--ttft: words of text in the shared system prompt")
     a = ap.parse_args()
     words = open(a.text, encoding="utf-8").read().split()
+    if a.ttft:
+        return ttft(a, words)
     prompt = " ".join(words[:a.prompt_words])
     p, port = start(a.kittykv, a.model, ["-c", str(a.ctx), "-t", str(a.threads)])
     try:  # the prompt's token count, so that prompt + generation = ctx exactly
@@ -161,7 +232,13 @@ def main():
         stop(p)
     a.gen = a.ctx - n_prompt
     rows, fp16_max = [], None
-    for method in a.methods.split(","):
+    if a.at:  # one run per method at this concurrency, no search
+        for method in a.methods.split(","):
+            res = run(a.kittykv, a.model, method, a.kv_budget, a.ctx, a.gen, a.at, a.threads,
+                      prompt)
+            print(json.dumps(res), file=sys.stderr, flush=True)
+            rows.append(res)
+    for method in ([] if a.at else a.methods.split(",")):
         n = min(fit_count(a.kittykv, a.model, method, a.kv_budget, a.ctx, a.threads),
                 a.max_conv)
         res = None
@@ -175,7 +252,7 @@ def main():
         rows.append(res)
         if method.startswith("fp16"):
             fp16_max = res["n"]
-    if fp16_max:
+    if fp16_max and not a.at:
         for method in a.methods.split(","):
             if not method.startswith("fp16"):
                 res = run(a.kittykv, a.model, method, a.kv_budget, a.ctx, a.gen, fp16_max,

@@ -165,7 +165,16 @@ typedef enum kkv_select {
     KKV_SELECT_RANDOM    = 2, /* seeded; depends on (seed, layer, head, page)    */
     KKV_SELECT_EXPLICIT  = 3, /* a fixed ranking per (layer, head) given with
                                  kkv_cache_set_rank(); "oracle" analyses use it  */
+    KKV_SELECT_RANGE     = 4, /* top (max - min)^2 over the page: what boosting a
+                                 channel saves in squared error                 */
 } kkv_select;
+
+/* A rotation applied per head inside the cache (docs/FORMAT.md section 5). */
+typedef enum kkv_rot {
+    KKV_ROT_NONE     = 0,
+    KKV_ROT_HADAMARD = 1, /* Walsh-Hadamard / sqrt(D); D must be a power of 2  */
+    KKV_ROT_RANDOM   = 2, /* a random orthogonal matrix seeded by `seed`       */
+} kkv_rot;
 
 /* A quantization method. Keys: per channel in groups of `group` tokens, 2 bits,
  * round(alpha*D) channels per page boosted to 4 bits (alpha = 1: 4-bit keys).
@@ -184,10 +193,19 @@ typedef struct kkv_method {
                               token, so no value Q-buffer is kept); attention then
                               sees up to G older values quantized that the paper's
                               lifecycle keeps in fp16. 0 for every named method. */
+    /* Beyond the paper (docs/FORMAT.md section 5); 0 in the paper's methods. */
+    int        pairs;      /* 1: boost whole RoPE pairs, ranked by the sum of
+                              their two channels' scores (the cache's rope layout) */
+    kkv_rot    key_rot;    /* keys are stored rotated; queries rotated alike      */
+    kkv_rot    value_rot;  /* values stored rotated; outputs rotated back         */
+    int        clip;       /* 1: each key channel's range searched for the least
+                              squared error instead of min/max                    */
+    int        value_clip; /* 1: the same for each value token's range            */
 } kkv_method;
 
 /* Fills *out with the named method: "fp16", "kivi-k2v2", "kivi-k2v2s",
- * "kivi-k4v2s", "kivi-k2v4s", "kivi-k4v4", "kitty", "kitty-pro".
+ * "kivi-k4v2s", "kivi-k2v4s", "kivi-k4v4", "kitty", "kitty-pro", and the
+ * calibration-free methods beyond the paper "kitty-plus", "kitty-plus-pro".
  * KKV_ERR_NOT_FOUND for any other name, KKV_ERR_INVALID_ARG for NULL. */
 kkv_status kkv_method_from_name(kkv_method *out, const char *name);
 
@@ -197,10 +215,14 @@ const char *const *kkv_method_names(void);
 /* Parses a method spec: a name from kkv_method_names(), optionally followed by
  * ':key=value' overrides, e.g. "kitty:alpha=0.5:select=random:seed=3".
  * Keys: alpha=F (0..1), select=magnitude|variance|random|oracle, seed=N,
- * sink=N, group=N, window=N, vbits=2|4, eager=0|1. select=oracle is KKV_SELECT_EXPLICIT
+ * sink=N, group=N, window=N, vbits=2|4, eager=0|1, select=range, pairs=0|1,
+ * rot=none|hadamard|random, vrot=none|hadamard|random, clip=0|1, vclip=0|1.
+ * select=oracle is KKV_SELECT_EXPLICIT
  * (the caller supplies rankings with kkv_cache_set_rank). A spec that sets
  * what its method would ignore is rejected: fp16 takes only group (its page
- * size), select/seed need 0 < alpha < 1, seed needs select=random.
+ * size), select/pairs need 0 < alpha < 1, seed needs select=random or a
+ * random rotation, pairs cannot be combined with a key rotation (a rotation
+ * mixes the rotary pairs).
  * KKV_ERR_NOT_FOUND for an unknown name, KKV_ERR_INVALID_ARG otherwise. */
 kkv_status kkv_method_parse(kkv_method *out, const char *spec);
 
@@ -262,6 +284,13 @@ typedef struct kkv_cache_config {
     int        max_tokens; /* per sequence; 0: unlimited                        */
     int        n_threads;  /* attention worker threads; 0 or 1: caller's thread */
     kkv_method method;
+    /* RoPE layout of the keys, for method.pairs (kkv_model_cache_config sets
+     * it from the model's architecture): channel i's rotary partner is i ^ 1
+     * (rope_neox 0: llama.cpp's normal rope, adjacent pairs) or i +- rope_dims/2
+     * (rope_neox 1: NeoX halves). rope_dims: rotated channels, even, 0 = all;
+     * channels past it are not rotated and count as pairs of one. */
+    int        rope_neox;
+    int        rope_dims;
 } kkv_cache_config;
 
 /* Creates an empty cache. The pool's memory is reserved, not touched. */
@@ -423,6 +452,13 @@ typedef struct kkv_mem {
 kkv_status kkv_seq_mem(const kkv_cache *c, kkv_mem *out, int seq);
 /* The whole pool: every sequence, and capacity = the pool budget. */
 kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out);
+/* Several sequences together (seqs: [n], distinct ids): a page two of them
+ * share counts once, as kkv_cache_mem counts it for all; capacity = used =
+ * the bytes they hold between them; shared = of those, page bytes some
+ * sequence (in the set or not) also holds. A server's prefix cache reports
+ * its entries' bytes with it. Writes *out only; KKV_ERR_NOT_FOUND for an id
+ * that is not a live sequence, KKV_ERR_INVALID_ARG for one listed twice. */
+kkv_status kkv_seqs_mem(const kkv_cache *c, kkv_mem *out, const int *seqs, int n);
 /* Bytes the pool still has free (0 for NULL). */
 uint64_t   kkv_cache_free_bytes(const kkv_cache *c);
 

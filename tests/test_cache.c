@@ -761,7 +761,10 @@ static void test_accounting(void) {
 
 int main(void) {
     const char *const *names = kkv_method_names();
-    for (int i = 0; names[i]; i++) {
+    /* The expectation model here is the paper's lifecycle and min/max codecs;
+     * the methods beyond it (kitty-plus*: eager values, pairs, clipping) are
+     * checked by tests/test_plus.c. */
+    for (int i = 0; names[i] && strncmp(names[i], "kitty-plus", 10); i++) {
         lifecycle(names[i], 64);
         if (i % 3 == 0) lifecycle(names[i], 12);
     }

@@ -280,6 +280,31 @@ static void tree_free(const int *order, void *u) {
           (unsigned long long)pm.used, (unsigned long long)(f0 - kkv_cache_free_bytes(c)));
     CHECK(pm.used >= sum_own + pm.shared && pm.used < sum_cap, "shared bytes not counted once");
     CHECK(pm.shared > 0, "nothing shared");
+    /* a set of sequences: shared pages once; all of them are the pool */
+    kkv_mem xm;
+    CHECK(kkv_seqs_mem(c, &xm, s, N) == KKV_OK && xm.capacity == pm.used &&
+              xm.used == pm.used && xm.shared == pm.shared && xm.total == pm.total &&
+              xm.tokens == pm.tokens, "seqs_mem of all: %llu != pool %llu",
+          (unsigned long long)xm.capacity, (unsigned long long)pm.used);
+    for (int i = 0; i < N; i++) { /* one alone: as kkv_seq_mem */
+        kkv_seq_mem(c, &sm, s[i]);
+        CHECK(kkv_seqs_mem(c, &xm, &s[i], 1) == KKV_OK && xm.capacity == sm.capacity &&
+                  xm.shared == sm.shared && xm.total == sm.total, "seqs_mem of %d", i);
+    }
+    { /* A and its fork A2 share R's pages: once, less than the two apart */
+        int two[2] = {s[1], s[4]};
+        kkv_mem a, b;
+        kkv_seq_mem(c, &a, s[1]);
+        kkv_seq_mem(c, &b, s[4]);
+        CHECK(kkv_seqs_mem(c, &xm, two, 2) == KKV_OK && xm.capacity < a.capacity + b.capacity &&
+                  xm.capacity >= a.capacity && xm.capacity >= b.capacity, "seqs_mem of two");
+        int dup[2] = {s[1], s[1]}, none[1] = {99};
+        CHECK(kkv_seqs_mem(c, &xm, dup, 2) == KKV_ERR_INVALID_ARG && *kkv_last_error(),
+              "seqs_mem: duplicate id accepted");
+        CHECK(kkv_seqs_mem(c, &xm, none, 1) == KKV_ERR_NOT_FOUND, "seqs_mem: no such seq");
+        CHECK(kkv_seqs_mem(c, &xm, NULL, 0) == KKV_OK && xm.capacity == 0, "seqs_mem: empty");
+        CHECK(kkv_seqs_mem(NULL, &xm, two, 2) == KKV_ERR_INVALID_ARG, "seqs_mem: NULL cache");
+    }
     int live[N] = {1, 1, 1, 1, 1};
     for (int k = 0; k < N; k++) {
         CHECK(kkv_seq_free(c, s[order[k]]) == KKV_OK, "free");

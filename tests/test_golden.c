@@ -8,7 +8,8 @@
  * hashes were re-recorded for the integer-domain page kernels (issue 15:
  * src/kernels/attn_int_avx2.c changes what the AVX2 table computes, within
  * the bounds of kernels.h; the scalar hashes, pages and read-back are the
- * previous layout's).
+ * previous layout's). kitty-plus and kitty-plus-pro were recorded when they
+ * were added (issue 10), from this same code.
  * KKV_GOLDEN_PRINT=1 prints the table instead of checking it. */
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,11 @@ static gcase cases[] = {
      0x6f19bcd18a2ad2d8ull, 0xa828c314bfa1589full, 0x07c12d81156e191cull, 0x1b43f478e0da91cbull},
     {"kitty", 33, 12, 40, 16, 1, 1, 1, 250,
      0xa97ec7bee42c6ed3ull, 0x6149d02739c592cfull, 0x13b032b8056ac0afull, 0xbe01742c0a015e50ull},
+    /* beyond the paper (docs/FORMAT.md section 5), recorded when they were added */
+    {"kitty-plus", 0, 0, 0, 64, 2, 2, 6, 420,
+     0x8fc2806274eb480bull, 0x4ca435d3406e1846ull, 0xcd8f4fc2648d547eull, 0x4169b7b4b97e256dull},
+    {"kitty-plus-pro", 0, 16, 24, 32, 2, 1, 2, 300,
+     0xee2c0dddae9ce873ull, 0x1d03affaec003716ull, 0x759c3da1a7f933abull, 0x54ab121e21eda181ull},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 

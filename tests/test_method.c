@@ -12,7 +12,9 @@
 static int same(const kkv_method *a, const kkv_method *b) {
     return a->fp16 == b->fp16 && a->sink == b->sink && a->group == b->group &&
            a->window == b->window && a->alpha == b->alpha && a->value_bits == b->value_bits &&
-           a->select == b->select && a->seed == b->seed;
+           a->select == b->select && a->seed == b->seed && a->eager_values == b->eager_values &&
+           a->pairs == b->pairs && a->key_rot == b->key_rot && a->value_rot == b->value_rot &&
+           a->clip == b->clip && a->value_clip == b->value_clip;
 }
 
 static void test_names(void) {
@@ -35,6 +37,11 @@ static void test_round_trip(void) {
         "kivi-k2v2:group=64:window=32", "kivi-k4v2s:vbits=4", "kitty:alpha=0.1875",
         "fp16:group=64", "kitty:alpha=0:vbits=4", "kitty:select=oracle",
         "kivi-k2v2s:alpha=0.3333333",
+        /* beyond the paper */
+        "kitty:pairs=1", "kitty:select=range", "kitty:pairs=1:select=variance", "kitty:clip=1",
+        "kitty:vclip=1", "kitty:rot=hadamard", "kitty:rot=random:seed=9", "kitty:vrot=random",
+        "kivi-k2v2s:rot=hadamard:vrot=hadamard", "kitty-plus:pairs=0:clip=0",
+        "kitty-plus-pro:alpha=0.5", "kitty-plus:eager=0", "kitty-pro:eager=1:pairs=1:clip=1:vclip=1",
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         kkv_method m, back;
@@ -62,6 +69,10 @@ static void test_rejects(void) {
         "kivi-k4v4:select=variance", "kitty:seed=3", "kitty:alpha=0.5:alpha=0.25",
         "kitty:group=6", "kitty:group=8192", "kitty:vbits=3", "kitty:sink=-1",
         "kitty:seed=-1", "kitty:window=1e3",
+        "kitty:pairs=2", "kitty:rot=fourier", "kitty:vrot=", "kitty:clip=yes",
+        "kitty:pairs=1:rot=hadamard", "kitty-plus:rot=random", "kivi-k2v2:pairs=1",
+        "fp16:rot=hadamard", "fp16:clip=1", "kitty:rot=hadamard:seed=1",
+        "kitty:pairs=1:pairs=0",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kkv_method m;

@@ -60,16 +60,17 @@ static void test_status(void) {
 static void test_methods(void) {
     const char *const *names = kkv_method_names();
     const char *want[] = {"fp16", "kivi-k2v2", "kivi-k2v2s", "kivi-k4v2s", "kivi-k2v4s",
-                          "kivi-k4v4", "kitty", "kitty-pro"};
+                          "kivi-k4v4", "kitty", "kitty-pro", "kitty-plus", "kitty-plus-pro"};
     /* docs/FORMAT.md section 1: fp16, sink, value bits, boosted channels of 64 and 128 */
-    const int tab[8][5] = {
+    const int tab[10][5] = {
         {1, 0, -1, 0, 0},  {0, 0, 2, 0, 0},  {0, 32, 2, 0, 0}, {0, 32, 2, 64, 128},
         {0, 32, 4, 0, 0}, {0, 0, 4, 64, 128}, {0, 32, 2, 8, 16}, {0, 32, 2, 16, 32},
+        {0, 32, 2, 20, 40}, {0, 32, 2, 28, 56},
     };
     int n = 0;
     while (names[n]) n++;
-    CHECK(n == 8, "kkv_method_names has %d names, want 8", n);
-    for (int i = 0; i < 8 && i < n; i++) {
+    CHECK(n == 10, "kkv_method_names has %d names, want 10", n);
+    for (int i = 0; i < 10 && i < n; i++) {
         CHECK(!strcmp(names[i], want[i]), "name %d is '%s', want '%s'", i, names[i], want[i]);
         kkv_method m;
         kkv_status s = kkv_method_from_name(&m, want[i]);

@@ -57,16 +57,35 @@ core, model, evl = _load()
 HAS_FORK = hasattr(core, "kkv_seq_fork")
 
 
+def _has_plus():
+    # Libraries that name kitty-plus came with the options beyond the paper:
+    # five kkv_method fields and kkv_cache_config rope_neox/rope_dims.
+    f = core.kkv_method_names
+    f.restype = POINTER(c_char_p)
+    names, i = f(), 0
+    while names[i] is not None:
+        if names[i] == b"kitty-plus":
+            return True
+        i += 1
+    return False
+
+
+HAS_PLUS = _has_plus()
+PLUS_FIELDS = ("pairs", "key_rot", "value_rot", "clip", "value_clip")
+
+
 class Method(Structure):  # kkv_method
     _fields_ = [("fp16", c_int), ("sink", c_int), ("group", c_int), ("window", c_int),
                 ("alpha", c_float), ("value_bits", c_int), ("select", c_int),
-                ("seed", c_uint64)] + ([("eager_values", c_int)] if HAS_FORK else [])
+                ("seed", c_uint64)] + ([("eager_values", c_int)] if HAS_FORK else []) + \
+        ([(f, c_int) for f in PLUS_FIELDS] if HAS_PLUS else [])
 
 
 class CacheConfig(Structure):  # kkv_cache_config
     _fields_ = [("n_layers", c_int), ("n_kv_heads", c_int), ("head_dim", c_int),
                 ("pool_bytes", c_size_t), ("max_seqs", c_int), ("max_tokens", c_int),
-                ("n_threads", c_int), ("method", Method)]
+                ("n_threads", c_int), ("method", Method)] + \
+        ([("rope_neox", c_int), ("rope_dims", c_int)] if HAS_PLUS else [])
 
 
 class SeqInfo(Structure):  # kkv_seq_info

@@ -12,7 +12,7 @@ from ._handle import Handle
 
 _L = _lib.core
 
-SELECT_NAMES = ("magnitude", "variance", "random", "oracle")  # kkv_select 0..3
+SELECT_NAMES = ("magnitude", "variance", "random", "oracle", "range")  # kkv_select 0..4
 KERNEL_NAMES = ("auto", "scalar", "avx2", "avx512")           # kkv_kernel 0..3
 
 
@@ -62,7 +62,8 @@ class Method:
                 if k == "eager":
                     k = "eager_values"
                 if k not in ("sink", "group", "window", "alpha", "value_bits", "select",
-                             "seed") + (("eager_values",) if _lib.HAS_FORK else ()):
+                             "seed") + (("eager_values",) if _lib.HAS_FORK else ()) + \
+                        (_lib.PLUS_FIELDS if _lib.HAS_PLUS else ()):
                     raise InvalidArgument(f"Method: unknown field '{k}'")
                 setattr(m, k, v)
             # the library's own rules decide what is consistent: format what we

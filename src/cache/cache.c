@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cache/cache.h"
+#include "cache/rotate.h"
 #include "core/fp16.h"
 #include "core/rng.h"
 #include "core/status.h"
@@ -63,6 +64,10 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
     kkv_status s = KKV_OK;
     if (!c->chunks || !c->seqs || !c->tile)
         s = kkv_fail(KKV_ERR_NOMEM, "cache: out of memory");
+    if (s == KKV_OK && !c->fp16)
+        s = kkv_rot_make(&c->krot, m->key_rot, c->D, kkv_mix64(m->seed, 1));
+    if (s == KKV_OK && !c->fp16)
+        s = kkv_rot_make(&c->vrot, m->value_rot, c->D, kkv_mix64(m->seed, 2));
     if (s == KKV_OK) s = kkv_tp_create(&c->tp_own, cfg->n_threads);
     c->tp = c->tp_own;
     if (s == KKV_OK) s = kkv_cache_set_kernel(c, KKV_KERNEL_AUTO);
@@ -105,6 +110,9 @@ void kkv_cache_free(kkv_cache *c) {
     free(c->rank);
     free(c->tile);
     free(c->attn_buf);
+    free(c->krot);
+    free(c->vrot);
+    free(c->rot_buf);
     free(c);
 }
 
@@ -628,6 +636,26 @@ static void store_f16(uint16_t *dst, const float *x, int n) {
     for (int i = 0; i < n; i++) dst[i] = kkv_f16_store(x[i]);
 }
 
+/* A key page of the options beyond the paper: pair-aware ranking and/or
+ * clipped ranges (docs/FORMAT.md section 5). kt: [G][D] fp16. Without clip
+ * the kernel encodes with the ranking given as explicit, so its bytes are the
+ * scalar codec's. */
+static void key_encode_plus(kkv_cache *c, uint8_t *dst, const uint16_t *kt, uint64_t seed,
+                            uint64_t page, const uint8_t *rank) {
+    const kkv_method *m = &c->cfg.method;
+    size_t n = (size_t)c->G * c->D;
+    uint8_t order[KKV_MAX_HEAD_DIM];
+    for (size_t i = 0; i < n; i++) c->tile[i] = kkv_f16_to_f32(kt[i]);
+    if (m->pairs && m->select != KKV_SELECT_EXPLICIT && m->select != KKV_SELECT_RANDOM)
+        kkv_rank_pairs(order, c->tile, c->D, c->G, m->select, c->cfg.rope_neox,
+                       c->cfg.rope_dims);
+    else
+        kkv_rank_channels(order, c->tile, c->D, c->G, m->select, seed, page, rank);
+    if (m->clip) kkv_key_encode_clip_ref(dst, c->tile, c->D, c->G, c->nb, order, 1);
+    else c->ops->key_encode(dst, c->tile, kt, c->D, c->G, c->nb, KKV_SELECT_EXPLICIT, 0, page,
+                            order);
+}
+
 /* Quantizes whatever Q-buffer of (s, l) is full. Slots and staging are ready. */
 static void flush_data(kkv_cache *c, kkv_seq *s, int l) {
     kkv_lseq *y = &s->ly[l];
@@ -643,8 +671,13 @@ static void flush_data(kkv_cache *c, kkv_seq *s, int l) {
             } else {
                 const uint8_t *rank = c->rank ? c->rank + ((size_t)l * c->H + h) * D : NULL;
                 uint64_t seed = kkv_mix64(c->cfg.method.seed, ((uint64_t)l << 20) | (uint64_t)h);
-                c->ops->key_encode(dst, c->tile, kt, c->D, c->G, c->nb, c->cfg.method.select,
-                                   seed, (uint64_t)p, rank);
+                const kkv_method *m = &c->cfg.method;
+                if (m->pairs || m->clip) {
+                    key_encode_plus(c, dst, kt, seed, (uint64_t)p, rank);
+                } else {
+                    c->ops->key_encode(dst, c->tile, kt, c->D, c->G, c->nb, m->select, seed,
+                                       (uint64_t)p, rank);
+                }
             }
         }
         y->kp++;
@@ -654,8 +687,16 @@ static void flush_data(kkv_cache *c, kkv_seq *s, int l) {
         for (int h = 0; h < c->H; h++) {
             uint16_t *vt = kkv_vtail(c, s, l, h);
             uint8_t *dst = kkv_vpage_ptr(c, s, p, l, h);
-            if (c->fp16) memcpy(dst, vt, (size_t)c->G * D * 2);
-            else c->ops->value_encode(dst, c->tile, vt, c->D, c->G, c->vbits);
+            if (c->fp16) {
+                memcpy(dst, vt, (size_t)c->G * D * 2);
+            } else if (c->cfg.method.value_clip) {
+                for (int t = 0; t < c->G; t++) {
+                    for (size_t j = 0; j < D; j++) c->tile[j] = kkv_f16_to_f32(vt[t * D + j]);
+                    kkv_value_row_encode_clip_ref(dst, t, c->tile, c->D, c->G, c->vbits, 1);
+                }
+            } else {
+                c->ops->value_encode(dst, c->tile, vt, c->D, c->G, c->vbits);
+            }
             /* the window's R values move to the front of the tail */
             memmove(vt, vt + (size_t)c->G * D, (size_t)c->R * D * 2);
         }
@@ -695,11 +736,22 @@ static void eager_push(kkv_cache *c, kkv_seq *s, int l, int h, const uint16_t *v
     for (size_t j = 0; j < D; j++) c->tile[j] = kkv_f16_to_f32(old[j]);
     uint8_t *page = kkv_vpage_ptr(c, s, y->vq / c->G, l, h);
     if (c->fp16) memcpy(page + (size_t)(y->vq % c->G) * D * 2, old, D * 2);
-    else kkv_value_row_encode_ref(page, y->vq % c->G, c->tile, c->D, c->G, c->vbits);
+    else kkv_value_row_encode_clip_ref(page, y->vq % c->G, c->tile, c->D, c->G, c->vbits,
+                                       c->cfg.method.value_clip);
     if (c->R) {
         memmove(vt, vt + D, (size_t)(c->R - 1) * D * 2);
         memcpy(vt + (size_t)(c->R - 1) * D, v16, D * 2);
     }
+}
+
+/* c->rot_buf holds at least n floats. */
+static kkv_status rot_scratch(kkv_cache *c, size_t n) {
+    if (n <= c->rot_cap) return KKV_OK;
+    float *b = realloc(c->rot_buf, n * sizeof *b);
+    if (!b) return kkv_fail(KKV_ERR_NOMEM, "rotation: out of memory");
+    c->rot_buf = b;
+    c->rot_cap = n;
+    return KKV_OK;
 }
 
 kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const float *v) {
@@ -713,6 +765,19 @@ kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const fl
     size_t n = (size_t)c->H * c->D;
     KKV_TRY(check_finite(k, n, "append: key"));
     KKV_TRY(check_finite(v, n, "append: value"));
+    if (c->krot || c->vrot) { /* stored rotated (docs/FORMAT.md section 5) */
+        KKV_TRY(rot_scratch(c, 2 * n));
+        float *rk = c->rot_buf, *rv = c->rot_buf + n; /* [H][D] each */
+        for (int h = 0; h < c->H; h++) {
+            size_t o = (size_t)h * c->D;
+            if (c->krot) kkv_rot_apply(rk + o, c->krot, k + o, c->D);
+            else memcpy(rk + o, k + o, (size_t)c->D * sizeof *rk);
+            if (c->vrot) kkv_rot_apply(rv + o, c->vrot, v + o, c->D);
+            else memcpy(rv + o, v + o, (size_t)c->D * sizeof *rv);
+        }
+        k = rk;
+        v = rv;
+    }
     kkv_lseq *y = &s->ly[layer];
     if ((c->cfg.max_tokens && y->len >= c->cfg.max_tokens) || y->len == INT_MAX)
         return kkv_fail(KKV_ERR_CTX_FULL, "append: sequence %d is at max_tokens %d", seq,
@@ -767,7 +832,16 @@ kkv_status kkv_attend(kkv_cache *c, float *out, int seq, int layer, const float 
     if (s->ly[layer].len == 0)
         return kkv_fail(KKV_ERR_INVALID_ARG, "attend: sequence %d layer %d is empty", seq, layer);
     KKV_TRY(check_finite(q, (size_t)n_q * c->D, "attend: query"));
-    return kkv_attend_impl(c, out, s, layer, q, n_q);
+    if (c->krot) { /* Rq . Rk = q . k: the query joins the keys' space */
+        KKV_TRY(rot_scratch(c, (size_t)n_q * c->D));
+        for (int r = 0; r < n_q; r++)
+            kkv_rot_apply(c->rot_buf + (size_t)r * c->D, c->krot, q + (size_t)r * c->D, c->D);
+        q = c->rot_buf;
+    }
+    KKV_TRY(kkv_attend_impl(c, out, s, layer, q, n_q));
+    /* sum_t p_t R v_t = R out: one R^T per head restores the output */
+    if (c->vrot) kkv_rot_back_rows(out, c->vrot, n_q, c->D);
+    return KKV_OK;
 }
 
 kkv_status kkv_cache_set_rank(kkv_cache *c, int layer, int head, const uint8_t *rank) {

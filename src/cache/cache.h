@@ -83,6 +83,10 @@ struct kkv_cache {
     float    *tile;         /* [G][D] flush scratch */
     float    *attn_buf;     /* [attn_cap] attention partials, grown on demand */
     size_t    attn_cap;
+    /* beyond the paper (docs/FORMAT.md section 5) */
+    float    *krot, *vrot;  /* [D][D] key / value rotation (stored = R x), or NULL */
+    float    *rot_buf;      /* [rot_cap] rotated queries / appended K,V, grown on demand */
+    size_t    rot_cap;
     const kkv_ops *ops;
     kkv_tp   *tp;           /* attention workers: tp_own, or a borrowed pool */
     kkv_tp   *tp_own;       /* owned; NULL when n_threads <= 1 */

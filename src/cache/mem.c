@@ -126,4 +126,40 @@ kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out) {
     return KKV_OK;
 }
 
+kkv_status kkv_seqs_mem(const kkv_cache *c, kkv_mem *out, const int *seqs, int n) {
+    if (!c || !out || (n > 0 && !seqs) || n < 0)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "seqs_mem: NULL argument or n < 0");
+    for (int i = 0; i < n; i++) {
+        if (!kkv_seq_get(c, seqs[i]))
+            return kkv_fail(KKV_ERR_NOT_FOUND, "seqs_mem: no sequence %d", seqs[i]);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return kkv_fail(KKV_ERR_INVALID_ARG, "seqs_mem: sequence %d listed twice",
+                                seqs[i]);
+    }
+    /* shared sinks counted once, as in kkv_cache_mem */
+    size_t n_shared = 0;
+    for (int i = 0; i < n; i++)
+        for (int l = 0; l < c->L; l++) {
+            const kkv_lseq *y = &kkv_seq_get(c, seqs[i])->ly[l];
+            n_shared += y->sk && y->sk->ref > 1;
+        }
+    sink_set ss = {NULL, 1};
+    while (ss.cap < 2 * n_shared + 2) ss.cap *= 2;
+    ss.v = calloc(ss.cap, sizeof *ss.v); /* [cap] */
+    uint8_t *seen = calloc((size_t)c->n_made / 8 + 1, 1); /* [n_made] bits */
+    if (!seen || !ss.v) {
+        free(seen), free(ss.v);
+        return kkv_fail(KKV_ERR_NOMEM, "seqs_mem: out of memory");
+    }
+    uint64_t elems = 0;
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < n; i++) add_seq(c, kkv_seq_get(c, seqs[i]), out, &elems, seen, &ss);
+    free(seen);
+    free(ss.v);
+    finish(out, elems);
+    out->used = out->capacity;
+    return KKV_OK;
+}
+
 uint64_t kkv_cache_free_bytes(const kkv_cache *c) { return c ? c->budget - c->used : 0; }

@@ -8,25 +8,34 @@ typedef struct {
     const char *name;
     int fp16, sink, value_bits;
     float alpha;
+    /* beyond the paper (docs/FORMAT.md section 5): 0 for the paper's methods */
+    int eager, pairs, clip, value_clip;
+    kkv_rot value_rot;
 } named_method;
 
 /* KIVI methods are the Kitty lifecycle with no boost (alpha 0: 2-bit keys,
  * alpha 1: 4-bit keys); S = 32 for the starred ('s') variants. */
 static const named_method methods[] = {
-    {"fp16", 1, 0, 2, 0.0f},
-    {"kivi-k2v2", 0, 0, 2, 0.0f},
-    {"kivi-k2v2s", 0, 32, 2, 0.0f},
-    {"kivi-k4v2s", 0, 32, 2, 1.0f},
-    {"kivi-k2v4s", 0, 32, 4, 0.0f},
-    {"kivi-k4v4", 0, 0, 4, 1.0f},
-    {"kitty", 0, 32, 2, 0.125f},
-    {"kitty-pro", 0, 32, 2, 0.25f},
+    {"fp16", 1, 0, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kivi-k2v2", 0, 0, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kivi-k2v2s", 0, 32, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kivi-k4v2s", 0, 32, 2, 1.0f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kivi-k2v4s", 0, 32, 4, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kivi-k4v4", 0, 0, 4, 1.0f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kitty", 0, 32, 2, 0.125f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"kitty-pro", 0, 32, 2, 0.25f, 0, 0, 0, 0, KKV_ROT_NONE},
+    /* Calibration-free, at kitty's / kitty-pro's bits (+0.05; docs/RESULTS.md
+     * "Beyond the paper"): eager values free the value Q-buffer's fp16 bytes,
+     * which buy more boosted channels; whole RoPE pairs; least-squares key
+     * ranges; values rotated (random, so any head_dim works). */
+    {"kitty-plus", 0, 32, 2, 0.3125f, 1, 1, 1, 0, KKV_ROT_RANDOM},
+    {"kitty-plus-pro", 0, 32, 2, 0.4375f, 1, 1, 1, 0, KKV_ROT_RANDOM},
 };
 #define N_METHODS (sizeof methods / sizeof methods[0])
 
 static const char *const names[N_METHODS + 1] = {
     "fp16", "kivi-k2v2", "kivi-k2v2s", "kivi-k4v2s", "kivi-k2v4s",
-    "kivi-k4v4", "kitty", "kitty-pro", NULL,
+    "kivi-k4v4", "kitty", "kitty-pro", "kitty-plus", "kitty-plus-pro", NULL,
 };
 
 const char *const *kkv_method_names(void) { return names; }
@@ -47,13 +56,18 @@ kkv_status kkv_method_from_name(kkv_method *out, const char *name) {
         out->value_bits = m->value_bits;
         out->select = KKV_SELECT_MAGNITUDE;
         out->seed = 0;
+        out->eager_values = m->eager;
+        out->pairs = m->pairs;
+        out->clip = m->clip;
+        out->value_clip = m->value_clip;
+        out->value_rot = m->value_rot;
         return KKV_OK;
     }
     char shown[64];
     kkv_printable(shown, sizeof shown, name, strlen(name));
     return kkv_fail(KKV_ERR_NOT_FOUND,
                     "unknown method '%s' (fp16, kivi-k2v2, kivi-k2v2s, kivi-k4v2s, "
-                    "kivi-k2v4s, kivi-k4v4, kitty, kitty-pro)",
+                    "kivi-k2v4s, kivi-k4v4, kitty, kitty-pro, kitty-plus, kitty-plus-pro)",
                     shown);
 }
 
@@ -81,7 +95,22 @@ kkv_status kkv_method_check(const kkv_method *m, int head_dim) {
         return kkv_fail(KKV_ERR_INVALID_ARG, "alpha %g must be in [0, 1]", (double)m->alpha);
     if (m->value_bits != 2 && m->value_bits != 4)
         return kkv_fail(KKV_ERR_INVALID_ARG, "value_bits %d must be 2 or 4", m->value_bits);
-    if ((unsigned)m->select > KKV_SELECT_EXPLICIT)
+    if ((unsigned)m->select > KKV_SELECT_RANGE)
         return kkv_fail(KKV_ERR_INVALID_ARG, "unknown channel selection %d", (int)m->select);
+    if ((unsigned)m->key_rot > KKV_ROT_RANDOM || (unsigned)m->value_rot > KKV_ROT_RANDOM)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "unknown rotation %d / %d", (int)m->key_rot,
+                        (int)m->value_rot);
+    if ((m->key_rot == KKV_ROT_HADAMARD || m->value_rot == KKV_ROT_HADAMARD) &&
+        (head_dim & (head_dim - 1)))
+        return kkv_fail(KKV_ERR_INVALID_ARG,
+                        "a Hadamard rotation needs a power-of-2 head_dim, not %d (use random)",
+                        head_dim);
+    if ((m->pairs | m->clip | m->value_clip) & ~1)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "pairs, clip and value_clip are 0 or 1");
+    if (m->pairs && m->key_rot != KKV_ROT_NONE)
+        return kkv_fail(KKV_ERR_INVALID_ARG,
+                        "pairs cannot be combined with a key rotation (it mixes the rotary pairs)");
+    if (m->fp16 && (m->pairs || m->key_rot || m->value_rot || m->clip || m->value_clip))
+        return kkv_fail(KKV_ERR_INVALID_ARG, "fp16 takes no pairs, rotation or clipping");
     return KKV_OK;
 }

@@ -35,13 +35,32 @@ static const char *select_name(kkv_select s) {
     case KKV_SELECT_VARIANCE: return "variance";
     case KKV_SELECT_RANDOM: return "random";
     case KKV_SELECT_EXPLICIT: return "oracle";
+    case KKV_SELECT_RANGE: return "range";
     }
     return "?";
 }
 
+static const char *rot_name(kkv_rot r) {
+    switch (r) {
+    case KKV_ROT_NONE: return "none";
+    case KKV_ROT_HADAMARD: return "hadamard";
+    case KKV_ROT_RANDOM: return "random";
+    }
+    return "?";
+}
+
+static int parse_rot(kkv_rot *out, const char *v) {
+    if (!strcmp(v, "none")) *out = KKV_ROT_NONE;
+    else if (!strcmp(v, "hadamard")) *out = KKV_ROT_HADAMARD;
+    else if (!strcmp(v, "random")) *out = KKV_ROT_RANDOM;
+    else return -1;
+    return 0;
+}
+
 /* Applies one key=value to m; which keys were set go into *set (bit per key). */
 enum { SET_ALPHA = 1, SET_SELECT = 2, SET_SEED = 4, SET_SINK = 8, SET_GROUP = 16,
-       SET_WINDOW = 32, SET_VBITS = 64, SET_EAGER = 128 };
+       SET_WINDOW = 32, SET_VBITS = 64, SET_EAGER = 128, SET_PAIRS = 256, SET_ROT = 512,
+       SET_VROT = 1024, SET_CLIP = 2048, SET_VCLIP = 4096 };
 
 static kkv_status apply(kkv_method *m, unsigned *set, const char *spec, const char *key,
                         const char *val) {
@@ -59,6 +78,7 @@ static kkv_status apply(kkv_method *m, unsigned *set, const char *spec, const ch
         else if (!strcmp(val, "variance")) m->select = KKV_SELECT_VARIANCE;
         else if (!strcmp(val, "random")) m->select = KKV_SELECT_RANDOM;
         else if (!strcmp(val, "oracle")) m->select = KKV_SELECT_EXPLICIT;
+        else if (!strcmp(val, "range")) m->select = KKV_SELECT_RANGE;
         else bad = 1;
         bit = SET_SELECT;
     } else if (!strcmp(key, "seed")) {
@@ -79,10 +99,25 @@ static kkv_status apply(kkv_method *m, unsigned *set, const char *spec, const ch
     } else if (!strcmp(key, "eager")) {
         bad = parse_int(&m->eager_values, val, 0, 1);
         bit = SET_EAGER;
+    } else if (!strcmp(key, "pairs")) {
+        bad = parse_int(&m->pairs, val, 0, 1);
+        bit = SET_PAIRS;
+    } else if (!strcmp(key, "rot")) {
+        bad = parse_rot(&m->key_rot, val);
+        bit = SET_ROT;
+    } else if (!strcmp(key, "vrot")) {
+        bad = parse_rot(&m->value_rot, val);
+        bit = SET_VROT;
+    } else if (!strcmp(key, "clip")) {
+        bad = parse_int(&m->clip, val, 0, 1);
+        bit = SET_CLIP;
+    } else if (!strcmp(key, "vclip")) {
+        bad = parse_int(&m->value_clip, val, 0, 1);
+        bit = SET_VCLIP;
     } else {
         return kkv_fail(KKV_ERR_INVALID_ARG,
                         "method spec '%s': unknown key '%s' (alpha, select, seed, sink, group, "
-                        "window, vbits, eager)", spec, key);
+                        "window, vbits, eager, pairs, rot, vrot, clip, vclip)", spec, key);
     }
     if (bad)
         return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': bad value '%s' for %s", spec,
@@ -124,12 +159,17 @@ kkv_status kkv_method_parse(kkv_method *out, const char *spec) {
         return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': fp16 takes no option but group "
                         "(its page size)", spec);
     int partial_boost = m.alpha > 0.0f && m.alpha < 1.0f;
-    if ((set & (SET_SELECT | SET_SEED)) && !partial_boost)
+    int rot_seeded = m.key_rot == KKV_ROT_RANDOM || m.value_rot == KKV_ROT_RANDOM;
+    if (((set & SET_SELECT) || ((set & SET_PAIRS) && m.pairs)) && !partial_boost)
         return kkv_fail(KKV_ERR_INVALID_ARG,
-                        "method spec '%s': select/seed choose boosted channels, and alpha %g "
+                        "method spec '%s': select/pairs choose boosted channels, and alpha %g "
                         "boosts %s", spec, (double)m.alpha, m.alpha > 0.0f ? "all" : "none");
-    if ((set & SET_SEED) && m.select != KKV_SELECT_RANDOM)
-        return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': seed needs select=random", spec);
+    if ((set & SET_SEED) && !(m.select == KKV_SELECT_RANDOM && partial_boost) && !rot_seeded)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': seed needs select=random or a "
+                        "random rotation", spec);
+    if (m.pairs && m.key_rot != KKV_ROT_NONE)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': pairs cannot be combined with a "
+                        "key rotation (it mixes the rotary pairs)", spec);
     *out = m;
     return KKV_OK;
 }
@@ -145,6 +185,11 @@ static unsigned differ(const kkv_method *a, const kkv_method *b) {
     if (a->window != b->window) d |= SET_WINDOW;
     if (a->value_bits != b->value_bits) d |= SET_VBITS;
     if (a->eager_values != b->eager_values) d |= SET_EAGER;
+    if (a->pairs != b->pairs) d |= SET_PAIRS;
+    if (a->key_rot != b->key_rot) d |= SET_ROT;
+    if (a->value_rot != b->value_rot) d |= SET_VROT;
+    if (a->clip != b->clip) d |= SET_CLIP;
+    if (a->value_clip != b->value_clip) d |= SET_VCLIP;
     return d;
 }
 
@@ -187,6 +232,16 @@ kkv_status kkv_method_format(char *buf, size_t cap, size_t *n_out, const kkv_met
                                                 m->value_bits);
         if (best_d & SET_EAGER) len += snprintf(tmp + len, sizeof tmp - len, ":eager=%d",
                                                 m->eager_values);
+        if (best_d & SET_PAIRS) len += snprintf(tmp + len, sizeof tmp - len, ":pairs=%d",
+                                                m->pairs);
+        if (best_d & SET_ROT) len += snprintf(tmp + len, sizeof tmp - len, ":rot=%s",
+                                              rot_name(m->key_rot));
+        if (best_d & SET_VROT) len += snprintf(tmp + len, sizeof tmp - len, ":vrot=%s",
+                                               rot_name(m->value_rot));
+        if (best_d & SET_CLIP) len += snprintf(tmp + len, sizeof tmp - len, ":clip=%d",
+                                               m->clip);
+        if (best_d & SET_VCLIP) len += snprintf(tmp + len, sizeof tmp - len, ":vclip=%d",
+                                                m->value_clip);
     }
     if (n_out) *n_out = (size_t)len;
     if ((size_t)len + 1 > cap)

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "cache/cache.h"
+#include "cache/rotate.h"
 #include "core/fp16.h"
 #include "core/status.h"
 #include "quant/quant.h"
@@ -29,6 +30,7 @@ kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int lay
             else kkv_key_decode_ref(o, pg, D, G, c->nb);
         }
         widen_rows(o, kkv_ktail(c, s, layer, head), n.ktail, D);
+        if (c->krot) kkv_rot_back_rows(k, c->krot, n.len, D); /* stored rotated */
     }
     if (v) {
         float *o = v;
@@ -45,6 +47,7 @@ kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int lay
             else kkv_value_row_decode_ref(o, pg, t, D, G, c->vbits);
         }
         widen_rows(o, kkv_vtail(c, s, layer, head), n.vtail, D);
+        if (c->vrot) kkv_rot_back_rows(v, c->vrot, n.len, D);
     }
     return KKV_OK;
 }

@@ -48,6 +48,18 @@ static uint32_t f32_bits(float f) {
     return u;
 }
 
+/* The options beyond the paper in one word (docs/STATE_FORMAT.md): 0 for
+ * every method without them, so states written before they existed (the
+ * word was reserved, 0) still load. */
+static uint32_t plus_options(const kkv_cache *c) {
+    const kkv_method *m = &c->cfg.method;
+    uint32_t o = (uint32_t)m->pairs | (uint32_t)m->clip << 1 | (uint32_t)m->value_clip << 2 |
+                 (uint32_t)m->key_rot << 3 | (uint32_t)m->value_rot << 5;
+    /* the pair map decides the boosted set of the pages still to come */
+    if (m->pairs) o |= (uint32_t)(c->cfg.rope_neox != 0) << 7 | (uint32_t)c->cfg.rope_dims << 8;
+    return o;
+}
+
 /* The header: also what the loader compares against its cache. */
 static void put_header(wbuf *w, const kkv_cache *c, uint64_t fingerprint, uint32_t n_tokens) {
     const kkv_method *m = &c->cfg.method;
@@ -68,7 +80,7 @@ static void put_header(wbuf *w, const kkv_cache *c, uint64_t fingerprint, uint32
     put_u32(w, (uint32_t)c->L);
     put_u32(w, (uint32_t)c->H);
     put_u32(w, (uint32_t)c->D);
-    put_u32(w, 0); /* reserved */
+    put_u32(w, plus_options(c)); /* 0 for the paper's methods (was reserved) */
     put_u64(w, fingerprint);
     put_u32(w, n_tokens);
     put_u32(w, 0); /* reserved */
@@ -244,8 +256,9 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
     if (memcmp(h + 20, want + 20, 44)) return fmt("made with another method or parameters");
     if (memcmp(h + 64, want + 64, 12)) return fmt("made for another model shape (layers, KV heads, head_dim)");
     if (memcmp(h + 80, want + 80, 8)) return fmt("made with another model (fingerprint differs)");
-    if (memcmp(h + 76, want + 76, 4) || memcmp(h + 92, want + 92, 4))
-        return fmt("reserved header field set");
+    if (memcmp(h + 76, want + 76, 4))
+        return fmt("made with other options beyond the paper (pairs, rotation, clipping, RoPE layout)");
+    if (memcmp(h + 92, want + 92, 4)) return fmt("reserved header field set");
     if (nt > (uint32_t)(r.n - r.at) / 4) return fmt("truncated token list");
     if (n_tokens) *n_tokens = (int)nt;
     if (tokens && (uint32_t)tokens_cap < nt)

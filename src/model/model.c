@@ -501,6 +501,9 @@ kkv_cache_config kkv_model_cache_config(const kkv_model *m, const kkv_method *me
     /* Attention uses as many threads as the matmuls; the two never overlap. */
     cfg.n_threads = kkv_tp_size(m->tp);
     if (method) cfg.method = *method;
+    /* the pair map for pair-aware boosting follows the architecture's RoPE */
+    cfg.rope_neox = m->info.rope_neox;
+    cfg.rope_dims = m->info.rope_dims;
     return cfg;
 }
 

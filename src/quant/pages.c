@@ -9,6 +9,11 @@
 
 void kkv_key_encode_ref(uint8_t *page, const float *k, int D, int G, int nb,
                         const uint8_t *order) {
+    kkv_key_encode_clip_ref(page, k, D, G, nb, order, 0);
+}
+
+void kkv_key_encode_clip_ref(uint8_t *page, const float *k, int D, int G, int nb,
+                             const uint8_t *order, int clip) {
     kkv_key_layout L = kkv_key_layout_of(D, G, nb);
     size_t row = (size_t)G / 4;
     memset(page, 0, L.bytes);
@@ -24,7 +29,8 @@ void kkv_key_encode_ref(uint8_t *page, const float *k, int D, int G, int nb,
         }
         int boosted = idx[j] < nb;
         int maxq = boosted ? 15 : 3;
-        kkv_qparams p = kkv_qparams_of(mn, mx, boosted ? 4 : 2);
+        kkv_qparams p = clip ? kkv_qparams_search(k + j, (size_t)D, G, mn, mx, boosted ? 4 : 2)
+                             : kkv_qparams_of(mn, mx, boosted ? 4 : 2);
         kkv_st16(page + L.scale + 2 * (size_t)j, p.scale16);
         kkv_st16(page + L.mn + 2 * (size_t)j, p.mn16);
         uint8_t *lo = page + L.lo + (size_t)j * row;
@@ -55,6 +61,11 @@ void kkv_key_decode_ref(float *k, const uint8_t *page, int D, int G, int nb) {
 }
 
 void kkv_value_row_encode_ref(uint8_t *page, int t, const float *x, int D, int G, int bits) {
+    kkv_value_row_encode_clip_ref(page, t, x, D, G, bits, 0);
+}
+
+void kkv_value_row_encode_clip_ref(uint8_t *page, int t, const float *x, int D, int G, int bits,
+                                   int clip) {
     kkv_value_layout L = kkv_value_layout_of(D, G, bits);
     size_t row = (size_t)D * (size_t)bits / 8;
     int per_byte = 8 / bits, maxq = (1 << bits) - 1;
@@ -63,7 +74,7 @@ void kkv_value_row_encode_ref(uint8_t *page, int t, const float *x, int D, int G
         mn = x[c] < mn ? x[c] : mn;
         mx = x[c] > mx ? x[c] : mx;
     }
-    kkv_qparams p = kkv_qparams_of(mn, mx, bits);
+    kkv_qparams p = clip ? kkv_qparams_search(x, 1, D, mn, mx, bits) : kkv_qparams_of(mn, mx, bits);
     kkv_st16(page + L.scale + 2 * (size_t)t, p.scale16);
     kkv_st16(page + L.mn + 2 * (size_t)t, p.mn16);
     uint8_t *codes = page + L.codes + (size_t)t * row;

@@ -20,6 +20,23 @@ typedef struct kkv_qparams {
 
 kkv_qparams kkv_qparams_of(float mn, float mx, int bits);
 
+/* Clipped range (clip.c): of the ranges [mn + a*d, mx - b*d] on a grid of d =
+ * (mx - mn) / (bits == 2 ? 16 : 64), a, b = 0..7, a + b <= 10, the one whose
+ * stored fp16 parameters give the least squared error over the n numbers
+ * x[i * stride] (ties to the smaller a, then b: min/max wins a tie). mn, mx:
+ * their min and max. Values outside the range clamp to its ends. */
+kkv_qparams kkv_qparams_search(const float *x, size_t stride, int n, float mn, float mx,
+                               int bits);
+
+/* Pair-aware ranking (select.c): channels scored as kkv_rank_channels would
+ * (sel = magnitude, variance or range), a RoPE pair scored by the sum of its
+ * two, pairs ranked (ties to the lower first channel) and both channels of a
+ * pair emitted together, the higher-scored first. Partner of channel j < rope_dims:
+ * j ^ 1 (neox 0) or j +- rope_dims/2 (neox 1); channels >= rope_dims are
+ * pairs of one, scored twice their own score. order: [D]. */
+void kkv_rank_pairs(uint8_t *order, const float *k, int D, int G, kkv_select sel, int neox,
+                    int rope_dims);
+
 /* The code of x: clamp(floor((x - mn) / scale + 0.5), 0, 2^bits - 1), or 0 when
  * scale is 0. x must be finite. */
 static inline uint8_t kkv_quant_code(float x, const kkv_qparams *p, int maxq) {
@@ -50,6 +67,12 @@ void kkv_value_decode_ref(float *v, const uint8_t *page, int D, int G, int bits)
 /* Row t of a value page alone (the page's other rows are left as they are):
  * encode x [D] / decode into x [D]. The whole-page codecs are these per row. */
 void kkv_value_row_encode_ref(uint8_t *page, int t, const float *x, int D, int G, int bits);
+/* The same codecs with clip = 1: ranges from kkv_qparams_search (clip = 0 is
+ * the plain codec). The page format is unchanged. */
+void kkv_key_encode_clip_ref(uint8_t *page, const float *k, int D, int G, int nb,
+                             const uint8_t *order, int clip);
+void kkv_value_row_encode_clip_ref(uint8_t *page, int t, const float *x, int D, int G, int bits,
+                                   int clip);
 void kkv_value_row_decode_ref(float *x, const uint8_t *page, int t, int D, int G, int bits);
 
 /* Little-endian fp16 load/store at any alignment. */

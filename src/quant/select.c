@@ -18,17 +18,20 @@ void kkv_order_channels(uint8_t *order, const float *score, int D) {
     }
 }
 
-void kkv_rank_channels(uint8_t *order, const float *k, int D, int G, kkv_select sel,
-                       uint64_t seed, uint64_t page, const uint8_t *explicit_rank) {
-    float score[KKV_MAX_HEAD_DIM]; /* [D] */
-    if (sel == KKV_SELECT_EXPLICIT) {
-        for (int j = 0; j < D; j++) order[j] = explicit_rank ? explicit_rank[j] : (uint8_t)j;
-        return;
-    }
-    if (sel == KKV_SELECT_RANDOM) {
-        uint64_t s = kkv_mix64(seed, page);
-        /* 24 random bits: exact in a float; ties go to the lower index */
-        for (int j = 0; j < D; j++) score[j] = (float)(kkv_mix64(s, (uint64_t)j) >> 40);
+/* score [D] of the deterministic signals: magnitude, variance, range. */
+static void score_channels(float *score, const float *k, int D, int G, kkv_select sel) {
+    if (sel == KKV_SELECT_RANGE) {
+        /* (max - min)^2: boosting channel j cuts its min/max squared error by
+         * that times (1/9 - 1/225)/12 for evenly spread data */
+        for (int j = 0; j < D; j++) {
+            float mn = k[j], mx = k[j];
+            for (int t = 1; t < G; t++) {
+                float x = k[(size_t)t * D + j];
+                mn = x < mn ? x : mn;
+                mx = x > mx ? x : mx;
+            }
+            score[j] = (mx - mn) * (mx - mn);
+        }
     } else if (sel == KKV_SELECT_VARIANCE) {
         /* Two passes in fp32, tokens in order: the oracle sums the same way. */
         float sum[KKV_MAX_HEAD_DIM] = {0}, dev[KKV_MAX_HEAD_DIM] = {0};
@@ -48,5 +51,50 @@ void kkv_rank_channels(uint8_t *order, const float *k, int D, int G, kkv_select 
             for (int j = 0; j < D; j++) sum[j] += fabsf(k[(size_t)t * D + j]);
         for (int j = 0; j < D; j++) score[j] = sum[j];
     }
+}
+
+void kkv_rank_channels(uint8_t *order, const float *k, int D, int G, kkv_select sel,
+                       uint64_t seed, uint64_t page, const uint8_t *explicit_rank) {
+    float score[KKV_MAX_HEAD_DIM]; /* [D] */
+    if (sel == KKV_SELECT_EXPLICIT) {
+        for (int j = 0; j < D; j++) order[j] = explicit_rank ? explicit_rank[j] : (uint8_t)j;
+        return;
+    }
+    if (sel == KKV_SELECT_RANDOM) {
+        uint64_t s = kkv_mix64(seed, page);
+        /* 24 random bits: exact in a float; ties go to the lower index */
+        for (int j = 0; j < D; j++) score[j] = (float)(kkv_mix64(s, (uint64_t)j) >> 40);
+    } else {
+        score_channels(score, k, D, G, sel);
+    }
     kkv_order_channels(order, score, D);
+}
+
+/* RoPE rotates channel j together with its partner, so an outlier in one is
+ * half the time in the other: the pair is boosted as a unit. */
+void kkv_rank_pairs(uint8_t *order, const float *k, int D, int G, kkv_select sel, int neox,
+                    int rope_dims) {
+    float score[KKV_MAX_HEAD_DIM], pscore[KKV_MAX_HEAD_DIM]; /* [D] channel, [n_pairs] pair */
+    uint8_t first[KKV_MAX_HEAD_DIM], second[KKV_MAX_HEAD_DIM], porder[KKV_MAX_HEAD_DIM];
+    score_channels(score, k, D, G, sel);
+    int R = rope_dims > 0 && rope_dims <= D ? rope_dims & ~1 : D, half = R / 2, np = 0;
+    for (int j = 0; j < R; j++) {
+        int mate = neox ? (j < half ? j + half : j - half) : (j ^ 1);
+        if (mate < j) continue; /* each pair once, from its lower channel */
+        int hi = score[mate] > score[j]; /* ties keep the lower channel first */
+        first[np] = (uint8_t)(hi ? mate : j);
+        second[np] = (uint8_t)(hi ? j : mate);
+        pscore[np++] = score[j] + score[mate];
+    }
+    for (int j = R; j < D; j++) { /* unrotated channels: pairs of one */
+        first[np] = second[np] = (uint8_t)j;
+        pscore[np++] = 2.0f * score[j];
+    }
+    kkv_order_channels(porder, pscore, np);
+    int n = 0;
+    for (int i = 0; i < np; i++) {
+        int p = porder[i];
+        order[n++] = first[p];
+        if (second[p] != first[p]) order[n++] = second[p];
+    }
 }

@@ -41,7 +41,8 @@ static void check_err(int rc, const srv_req_err *e) {
 static void check_ok(const srv_parsed_req *o, int chat) {
     const kkv_sampler_params *sp = &o->sp;
     if (o->chat != chat) __builtin_trap();
-    if ((o->stream | o->include_usage | o->ignore_eos | o->have_max) & ~1) __builtin_trap();
+    if ((o->stream | o->include_usage | o->ignore_eos | o->cache_prompt | o->have_max) & ~1)
+        __builtin_trap();
     if (o->have_max ? (o->max_tokens < 1 || o->max_tokens >= CTX) : o->max_tokens != 0)
         __builtin_trap();
     if (!(sp->temp >= 0 && sp->temp <= 2) || !(sp->top_p > 0 && sp->top_p <= 1) ||

@@ -36,9 +36,15 @@ METHODS = {
 
 
 class Method:
-    def __init__(self, name, alpha=None, select="magnitude", sink=None, group=128, window=128):
-        fp16, s, a, vb = METHODS[name]
+    def __init__(self, name, alpha=None, select="magnitude", sink=None, group=128, window=128,
+                 pairs=0, clip=0, vclip=0):
+        # a spec "kitty:pairs=1:..." names its base method before the first ':'
+        # (the options themselves come as keywords)
+        fp16, s, a, vb = METHODS[name.split(":")[0]]
         self.name = name
+        self.pairs = pairs  # docs/FORMAT.md section 5, adjacent RoPE pairs over all D
+        self.clip = clip
+        self.vclip = vclip
         self.fp16 = fp16
         self.sink = s if sink is None else sink
         self.group = group
@@ -119,10 +125,49 @@ def channel_scores(k, select):
     raise ValueError("oracle has no selection %r" % select)
 
 
-def rank_channels(k, select):
-    """Channels from most to least important; ties to the lower index."""
+def rank_channels(k, select, pairs=0):
+    """Channels from most to least important; ties to the lower index. With
+    pairs (docs/FORMAT.md section 5, adjacent layout 2i, 2i+1): pairs ranked
+    by the float32 sum of their scores, ties to the lower pair, both channels
+    emitted together, the higher-scored first (a tie: the lower)."""
     score = channel_scores(k, select)
-    return np.argsort(-score, kind="stable")
+    if not pairs:
+        return np.argsort(-score, kind="stable")
+    ps = (score[0::2] + score[1::2]).astype(np.float32)
+    out = []
+    for i in np.argsort(-ps, kind="stable"):
+        a, b = 2 * int(i), 2 * int(i) + 1
+        out += [b, a] if score[b] > score[a] else [a, b]
+    return np.array(out)
+
+
+def search_range(x, mn, mx, bits):
+    """clip=1 (docs/FORMAT.md section 5): of the ranges [mn + a d, mx - b d],
+    d = (mx - mn) / (16 or 64), a, b in 0..7, a + b <= 10, the one with the
+    least squared error (double, summed in order) of the decoded fp16
+    parameters; ties keep the earlier (min/max first). x: float32 [n]."""
+    s16, m16 = qparams(mn, mx, bits)
+    if not mx > mn:
+        return s16, m16
+
+    def err(s16, m16):
+        dec = dequantize(quantize(x, s16, m16, bits), s16, m16)
+        d = (x - dec).astype(np.float32).astype(np.float64)
+        return np.cumsum(d * d)[-1]
+
+    best, be = (s16, m16), err(s16, m16)
+    d = np.float32(mx - mn) / np.float32(16.0 if bits == 2 else 64.0)
+    for a in range(8):
+        for b in range(8):
+            if a + b > 10 or (a == 0 and b == 0):
+                continue
+            lo = np.float32(mn + np.float32(a) * d)
+            hi = np.float32(mx - np.float32(b) * d)
+            c = qparams(lo, hi, bits)
+            e = err(*c)
+            if e < be:
+                best, be = c, e
+    return best
 
 
 # ---------------------------------------------------------------- section 5
@@ -147,10 +192,10 @@ def value_page_bytes(D, G, bits):
     return G * D * bits // 8 + 4 * G
 
 
-def key_page_encode(k, nb, select="magnitude"):
+def key_page_encode(k, nb, select="magnitude", pairs=0, clip=0):
     """k: [G][D] fp16-exact float32. Returns (page bytes, decoded [G][D])."""
     G, D = k.shape
-    order = rank_channels(k, select)
+    order = rank_channels(k, select, pairs)
     idx = np.full(D, nb, np.int64)
     idx[order[:nb]] = np.arange(nb)
     boosted = idx < nb
@@ -159,6 +204,8 @@ def key_page_encode(k, nb, select="magnitude"):
     s4, m4 = qparams(mn, mx, 4)
     scale16 = np.where(boosted, s4, s2)
     mn16 = np.where(boosted, m4, m2)
+    for j in range(D) if clip else ():
+        scale16[j], mn16[j] = search_range(k[:, j], mn[j], mx[j], 4 if boosted[j] else 2)
     q = np.empty((D, G), np.uint8)  # [channel][token]
     for j in range(D):
         q[j] = quantize(k[:, j], scale16[j], mn16[j], 4 if boosted[j] else 2)
@@ -173,10 +220,12 @@ def key_page_encode(k, nb, select="magnitude"):
     return page, dec
 
 
-def value_page_encode(v, bits):
+def value_page_encode(v, bits, clip=0):
     """v: [G][D] fp16-exact float32. Returns (page bytes, decoded [G][D])."""
     G, D = v.shape
     scale16, mn16 = qparams(v.min(axis=1), v.max(axis=1), bits)
+    for t in range(G) if clip else ():
+        scale16[t], mn16[t] = search_range(v[t], v[t].min(), v[t].max(), bits)
     q = quantize(v, scale16[:, None], mn16[:, None], bits)
     codes = pack2_rows(q) if bits == 2 else pack4_rows(q)
     page = codes.tobytes() + scale16.astype("<f2").tobytes() + mn16.astype("<f2").tobytes()
@@ -214,7 +263,7 @@ def lifecycle(m, keys, values=None):
     pages = []
     for p in range(kp):
         a = sink + p * G
-        page, dec = key_page_encode(k16[a:a + G], nb, m.select)
+        page, dec = key_page_encode(k16[a:a + G], nb, m.select, m.pairs, m.clip)
         pages.append(page)
         kout[a:a + G] = dec
     vout = None
@@ -222,7 +271,7 @@ def lifecycle(m, keys, values=None):
         vout = v16.copy()
         for p in range(vp):
             a = sink + p * G
-            _, dec = value_page_encode(v16[a:a + G], m.value_bits)
+            _, dec = value_page_encode(v16[a:a + G], m.value_bits, m.vclip)
             vout[a:a + G] = dec
     b["key_lo"] = kp * D * G // 4
     b["key_hi"] = kp * nb * G // 4

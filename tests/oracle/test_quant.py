@@ -399,6 +399,14 @@ def main():
                 cli_case(tl, a.kittykv, tmp, ref, "kivi-k4v4", T, D, seed,
                          ["--sink", "0", "--group", "4", "--window", "0"],
                          dict(sink=0, group=4, window=0))
+                # beyond the paper (docs/FORMAT.md section 5): pairs, clipped ranges
+                if T in (33, 289, 417, 1000) or (D == 12 and T == 545):
+                    cli_case(tl, a.kittykv, tmp, ref, "kitty:pairs=1", T, D, seed, [],
+                             dict(pairs=1))
+                    cli_case(tl, a.kittykv, tmp, ref, "kitty-pro:pairs=1:clip=1:vclip=1", T, D,
+                             seed, [], dict(pairs=1, clip=1, vclip=1))
+                    cli_case(tl, a.kittykv, tmp, ref, "kivi-k4v2s:clip=1", T, D, seed, [],
+                             dict(clip=1))
         if a.figures:
             print("\nfigures: 4096 tokens, make_data(extreme=False), with values")
             print("%-11s %4s %10s %12s %12s" % ("method", "D", "bits/elem", "key relerr",

@@ -123,9 +123,13 @@ def metrics(srv, headers=None):
 
 
 def pool_used(m):
-    """Pool bytes held by requests: all used bytes but the prefix cache's."""
-    return (m.get('kittykv_kv_pool_bytes{state="used"}', -1)
-            - m.get("kittykv_prefix_cache_bytes", 0))
+    """Pool bytes held by requests; when none is active, also every used byte
+    the prefix cache's entries do not hold (nothing leaked)."""
+    req = m.get("kittykv_request_kv_bytes", -1)
+    if m.get("kittykv_active_sequences") == 0:
+        return req + (m.get('kittykv_kv_pool_bytes{state="used"}', -1)
+                      - m.get("kittykv_prefix_cache_bytes", 0))
+    return req
 
 
 def wait_idle(srv, timeout=30, headers=None):
@@ -274,6 +278,7 @@ def test_bad(srv, hdr):
         ("max_tokens beyond context", chat, dict(ok_body, max_tokens=10 ** 7), 400),
         ("stream wrong type", chat, dict(ok_body, stream="yes"), 400),
         ("stop wrong type", chat, dict(ok_body, stop=7), 400),
+        ("cache_prompt wrong type", chat, dict(ok_body, cache_prompt="no"), 400),
         ("too many stops", chat, dict(ok_body, stop=["a", "b", "c", "d", "e"]), 400),
         ("n > 1", chat, dict(ok_body, n=2), 400),
         ("seed negative", chat, dict(ok_body, seed=-1), 400),
@@ -348,32 +353,136 @@ def ttft_stream(srv, hdr, body):
     return text, first
 
 
+def counter(m0, m1, name):
+    return m1.get(name, 0) - m0.get(name, 0)
+
+
+HIT = 'kittykv_prefix_lookups_total{result="hit"}'
+USED = 'kittykv_kv_pool_bytes{state="used"}'
+
+
 def test_prefix(srv, hdr):
-    """The next turn of a conversation continues the previous turn's sequence:
-    same text as without the hit, sooner first token."""
+    """Prefix cache: a conversation's next turn forks the previous turn's
+    sequence; users sharing a system prompt fork the entry cut at its end.
+    Every hit gives the text a cold run (cache_prompt false) gives, sooner;
+    the entries stay for the next user; after the forks finish the pool is
+    back at its baseline."""
     system = "You answer questions. " + " ".join(PROMPTS * 3)
     turn1 = {"messages": [{"role": "system", "content": system},
                           {"role": "user", "content": "What is the capital of France?"}],
              "max_tokens": 12, "temperature": 0}
+    m0 = metrics(srv, hdr)
     st, b = raw(srv, "POST", "/v1/chat/completions", turn1, hdr)
     check(st == 200, f"turn 1: {st}")
     answer = text_of("chat", b)
+    m1 = metrics(srv, hdr)
+    check(counter(m0, m1, "kittykv_prefix_forks_total") >= 1,
+          "turn 1 keeps its system prompt as an entry")
     turn2 = {"messages": turn1["messages"] + [{"role": "assistant", "content": answer},
                                               {"role": "user", "content": "And of Spain?"}],
              "max_tokens": 12, "temperature": 0}
-    m0 = metrics(srv, hdr)
     hit_text, hit_ttft = ttft_stream(srv, hdr, turn2)
-    m1 = metrics(srv, hdr)
-    hits = m1.get('kittykv_prefix_lookups_total{result="hit"}', 0) - \
-        m0.get('kittykv_prefix_lookups_total{result="hit"}', 0)
-    reused = m1.get("kittykv_prefix_tokens_reused_total", 0) - \
-        m0.get("kittykv_prefix_tokens_reused_total", 0)
-    check(hits == 1 and reused > 100, f"turn 2 hits the prefix cache ({hits}, {reused} tokens)")
-    miss_text, miss_ttft = ttft_stream(srv, hdr, turn2)  # turn 1's entry is used up
-    check(hit_text == miss_text, f"prefix hit gives the same text: {hit_text!r} vs "
-                                 f"{miss_text!r}")
-    print(f"test_server: time to first token, {int(reused)}-token prefix: hit "
-          f"{hit_ttft:.2f} s, miss {miss_ttft:.2f} s")
+    m2 = metrics(srv, hdr)
+    reused = counter(m1, m2, "kittykv_prefix_tokens_reused_total")
+    check(counter(m1, m2, HIT) == 1 and reused > 100,
+          f"turn 2 hits the prefix cache ({reused} tokens)")
+    cold_text, cold_ttft = ttft_stream(srv, hdr, dict(turn2, cache_prompt=False))
+    m3 = metrics(srv, hdr)
+    check(counter(m2, m3, HIT) == 0, "cache_prompt false does not look up")
+    check(hit_text == cold_text, f"prefix hit gives the same text: {hit_text!r} vs "
+                                 f"{cold_text!r}")
+    print(f"test_server: time to first token, next turn ({int(reused)} tokens reused): hit "
+          f"{hit_ttft:.2f} s, cold {cold_ttft:.2f} s")
+
+    # another user, the same system prompt: forks the entry cut at its end
+    other = {"messages": [{"role": "system", "content": system},
+                          {"role": "user", "content": "Name a large river."}],
+             "max_tokens": 10, "temperature": 0}
+    cold_o, cold_ttft = ttft_stream(srv, hdr, dict(other, cache_prompt=False))
+    m4 = metrics(srv, hdr)
+    hit_o, hit_ttft = ttft_stream(srv, hdr, other)
+    m5 = metrics(srv, hdr)
+    reused = counter(m4, m5, "kittykv_prefix_tokens_reused_total")
+    check(counter(m4, m5, HIT) == 1 and reused > 100,
+          f"a second user's shared system prompt hits ({reused} tokens)")
+    check(hit_o == cold_o, f"shared system prompt: hit {hit_o!r} == cold {cold_o!r}")
+    print(f"test_server: time to first token, shared system prompt ({int(reused)} tokens "
+          f"reused): hit {hit_ttft:.2f} s, cold {cold_ttft:.2f} s")
+
+    # four users at once fork the same entry; pages are shared while they run,
+    # and the pool returns to its baseline when they are done
+    base = wait_idle(srv, headers=hdr)
+    users = [dict(other, messages=[other["messages"][0],
+                                   {"role": "user", "content": q}], max_tokens=24)
+             for q in ("Name a large river.", "Name a tall mountain.", "Name a big city.",
+                       "Name a deep lake.")]
+    alone = []
+    for u in users:
+        st, b = raw(srv, "POST", "/v1/chat/completions", dict(u, cache_prompt=False), hdr)
+        alone.append(text_of("chat", b) if st == 200 else None)
+    base = wait_idle(srv, headers=hdr)
+    for rnd in range(2):
+        res = [None] * 4
+        shared = [0]
+
+        def go(i):
+            res[i] = raw(srv, "POST", "/v1/chat/completions", users[i], hdr, timeout=300)
+        ts = [threading.Thread(target=go, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        while any(t.is_alive() for t in ts):
+            mm = metrics(srv, hdr)
+            if mm.get("kittykv_active_sequences", 0) > 0:
+                shared[0] = max(shared[0], mm.get("kittykv_prefix_shared_bytes", 0))
+            time.sleep(0.05)
+        for i in range(4):
+            st, b = res[i]
+            check(st == 200 and text_of("chat", b) == alone[i],
+                  f"fork {i} (round {rnd}): {st} {text_of('chat', b) if st == 200 else b!r} "
+                  f"!= cold {alone[i]!r}")
+        check(shared[0] > 0, f"forks share pages while they run (round {rnd})")
+        m = wait_idle(srv, headers=hdr)
+        if rnd == 0:
+            base = m  # the four answers are entries now: the next round repeats them
+        else:
+            check(m.get(USED) == base.get(USED) and
+                  m.get("kittykv_prefix_cache_entries") == base.get("kittykv_prefix_cache_entries"),
+                  f"pool back at its baseline after the forks: {m.get(USED)} vs "
+                  f"{base.get(USED)} bytes")
+        check(pool_used(m) == 0, f"nothing but entries in the pool (round {rnd})")
+
+
+def test_evict(exe, model):
+    """A small pool full of prefix-cache entries: a long request evicts them,
+    least recently used first, and runs to its end; its text is the cold one."""
+    srv = Server(exe, ["-m", model, "-t", "2", "--kv", "fp16:group=32", "--kv-budget", "16",
+                       "-c", "1024", "--prefix-cache", "6"])
+    try:
+        for i in range(6):
+            st, _ = raw(srv, "POST", "/v1/completions",
+                        {"prompt": f"Item {i}: " + PROMPTS[i], "max_tokens": 40,
+                         "ignore_eos": True, "temperature": 0})
+            check(st == 200, f"filler {i}: {st}")
+        m0 = metrics(srv)
+        check(m0.get("kittykv_prefix_cache_entries") == 6, "six entries kept")
+        long_req = {"prompt": "Count: 1, 2, 3,", "max_tokens": 560, "ignore_eos": True,
+                    "temperature": 0}
+        st, b = raw(srv, "POST", "/v1/completions", long_req)
+        m1 = metrics(srv)
+        ev = counter(m0, m1, "kittykv_prefix_evictions_total")
+        check(st == 200 and b["usage"]["completion_tokens"] == 560 and
+              b["choices"][0]["finish_reason"] == "length",
+              f"the long request runs to its end after evictions: {st}")
+        check(ev >= 1 and m1.get("kittykv_prefix_cache_entries") < 6,
+              f"entries evicted under pool pressure ({ev})")
+        check(m1.get(USED, 1 << 30) <= 16 << 20, "pool within its budget")
+        st, c = raw(srv, "POST", "/v1/completions", dict(long_req, cache_prompt=False))
+        check(st == 200 and c["choices"][0]["text"] == b["choices"][0]["text"],
+              "evicting run gives the cold text")
+        print(f"test_server: {int(ev)} prefix entries evicted for a 575-token request in a "
+              f"16 MiB pool")
+    finally:
+        check(srv.stop() == 0, "eviction server exits cleanly")
 
 
 def test_queue_and_pool(exe, model, srcdir):
@@ -452,10 +561,15 @@ def test_queue_and_pool(exe, model, srcdir):
         check(small.stop() == 0, "small-pool server exits cleanly")
 
 
+SOAK_SYSTEM = "You are a helpful assistant. Answer in one short sentence. " * 4
+
+
 def soak(exe, model, seconds, env, log):
     """Bounded soak: 6 client threads for `seconds` (a mix of streamed,
-    non-streamed and abandoned requests), then the pool must be empty and RSS
-    no higher than 25% + 16 MiB over its value after the first quarter."""
+    non-streamed and abandoned requests, half of them forking a shared system
+    prompt's entry), then the pool must hold nothing but prefix-cache entries
+    and RSS no higher than 25% + 16 MiB over its value after the first
+    quarter."""
     srv = Server(exe, ["-m", model, "-t", "2", "--kv-budget", "48", "--queue", "8",
                        "--queue-timeout", "20", "-c", "1024"], env=env, log=log)
     stop_at = time.time() + seconds
@@ -468,13 +582,16 @@ def soak(exe, model, seconds, env, log):
         n = 0
         while time.time() < stop_at and n < 10000:
             n += 1
-            body = {"messages": [{"role": "user", "content": rnd.choice(PROMPTS)}],
+            msgs = [{"role": "user", "content": rnd.choice(PROMPTS)}]
+            if rnd.random() < 0.5:  # a shared system prompt: forks of its entry
+                msgs.insert(0, {"role": "system", "content": SOAK_SYSTEM})
+            body = {"messages": msgs,
                     "max_tokens": rnd.randint(2, 16), "temperature": rnd.choice([0, 0.8]),
                     "seed": rnd.randint(0, 99)}
             mode = rnd.random()
             try:
                 if mode < 0.15:  # leave mid-stream
-                    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+                    s = socket.create_connection(("127.0.0.1", srv.port), timeout=300)
                     data = json.dumps(dict(body, stream=True))
                     s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                                f"Content-Length: {len(data)}\r\n\r\n{data}").encode())
@@ -482,8 +599,10 @@ def soak(exe, model, seconds, env, log):
                     s.close()
                     key = "abandoned"
                 else:
+                    # generous: a sanitizer build on a loaded 2-core machine is slow,
+                    # and a client timeout would read as a server failure
                     st, _ = raw(srv, "POST", "/v1/chat/completions",
-                                dict(body, stream=mode < 0.5), timeout=60)
+                                dict(body, stream=mode < 0.5), timeout=300)
                     key = "ok" if st == 200 else "503" if st == 503 else "other"
             except OSError:
                 key = "other"
@@ -495,12 +614,14 @@ def soak(exe, model, seconds, env, log):
     time.sleep(seconds / 4)
     rss_mid[0] = srv.rss()
     for t in ts:
-        t.join(seconds + 120)
+        t.join(seconds + 360)
     m = wait_idle(srv, timeout=60)
     rss_end = srv.rss()
     used = pool_used(m)
     print(f"test_server: soak {seconds:.0f} s: {counts}, RSS {rss_mid[0] >> 20} -> "
-          f"{rss_end >> 20} MiB, pool used {used}")
+          f"{rss_end >> 20} MiB, pool used beyond entries {used}, prefix hits "
+          f"{m.get(HIT, 0):.0f}, forks {m.get('kittykv_prefix_forks_total', 0):.0f}")
+    check(m.get(HIT, 0) > 0, "soak: the shared system prompt was forked")
     check(counts["ok"] > 0 and counts["other"] == 0, f"soak answers {counts}")
     check(pool_used(m) == 0 and m.get("kittykv_active_sequences") == 0,
           "soak: pool empty at the end")
@@ -550,6 +671,7 @@ def main():
             check(srv.stop() == 0, "server exits cleanly on SIGTERM")
         if not a.quick:
             test_queue_and_pool(a.kittykv, model, a.source_dir)
+            test_evict(a.kittykv, model)
     print(f"test_server: {time.time() - t0:.1f} s")
     print(f"{PASSES[0]} passed, {len(FAILS)} failed")
     sys.exit(1 if FAILS else 0)

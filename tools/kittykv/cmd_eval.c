@@ -28,9 +28,15 @@ static const char *const SYNOPSIS =
     "[-m MODEL] [-f TEXT] [-c N] [--score-from P] [--kv LIST] [--chunk C] [-t T] [--json]";
 static const char *const EPILOG =
     "A method spec is a method name with optional ':key=value' overrides:\n"
-    "  alpha=F  select=magnitude|variance|random  seed=N  sink=N  group=N\n"
+    "  alpha=F  select=magnitude|variance|random|range  seed=N  sink=N  group=N\n"
     "  window=N vbits=2|4  eager=0|1 (values quantized as they leave the window)\n"
-    "  e.g. kitty:alpha=0.5:select=random:seed=3\n"
+    "  beyond the paper (docs/FORMAT.md section 5):\n"
+    "  pairs=0|1            boost whole RoPE pairs (the model's rope layout)\n"
+    "  rot=none|hadamard|random   keys stored rotated, queries rotated alike\n"
+    "  vrot=none|hadamard|random  values stored rotated, outputs rotated back\n"
+    "  clip=0|1 vclip=0|1   key channel / value token ranges by least squares\n"
+    "  (seed also seeds a random rotation)\n"
+    "  e.g. kitty:alpha=0.5:select=random:seed=3, kitty:pairs=1:clip=1\n"
     "Options a method ignores are errors (fp16 takes only group).\n"
     "\nKL is KL(p_fp16 || p_method) in nats per position, computed in double over\n"
     "the whole vocabulary; p99 is the nearest-rank 99th percentile.\n";
@@ -48,7 +54,7 @@ static int parse(opts *o, int argc, char **argv) {
          "tokens prefilled before scoring starts (default 256);\n"
          "the N-P predictions after them are scored"},
         {0, "kv|methods", OPT_LIST, 0, 0, &o->methods, NULL, "LIST",
-         "comma-separated method specs (default: all eight). fp16\n"
+         "comma-separated method specs (default: all ten). fp16\n"
          "always runs as the reference; the spec \"fp16\" reports it."},
         {0, "chunk", OPT_INT, 1, 4096, &o->chunk, NULL, "C",
          "tokens per forward call while scoring (default 1 = one\n"

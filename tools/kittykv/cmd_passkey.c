@@ -64,7 +64,7 @@ static int parse(opts *o, int argc, char **argv) {
         {0, "depths", OPT_LIST, 0, 0, &depths, NULL, "LIST",
          "needle depths in [0, 1] (default 0.1,0.5,0.9)"},
         {0, "kv|methods", OPT_LIST, 0, 0, &o->methods, NULL, "LIST",
-         "method specs as in `kittykv eval --help` (default: all eight)"},
+         "method specs as in `kittykv eval --help` (default: all ten)"},
         {0, "trials", OPT_INT, 1, 1000, &o->trials, NULL, "K",
          "keys tried per (method, length, depth) (default 3)"},
         {'s', "seed", OPT_U64, 0, 2147483647, &o->seed, NULL, "S", "seed of the keys (default 1)"},

@@ -63,9 +63,11 @@ static int parse(serve_opts *o, int argc, char **argv) {
         {0, "max-conn", OPT_INT, 1, 1 << 16, &o->max_conn, NULL, "N",
          "open connections at most (default 256)"},
         {0, "prefix-cache", OPT_INT, 0, 4096, &o->prefix, NULL, "N",
-         "finished sequences kept for reuse by a prompt that starts with\n"
-         "all their tokens (a conversation's next turn); evicted LRU when\n"
-         "the pool needs room (default 8, 0: off)"},
+         "prefix-cache entries: finished requests (a conversation's next\n"
+         "turn starts with them) and prompt prefixes (a system prompt's end,\n"
+         "the earlier turns, a prefix two prompts share); a prompt that\n"
+         "starts with all of an entry's tokens forks its pages; evicted LRU\n"
+         "when the pool needs room (default 8, 0: off)"},
         {0, "chat-template", OPT_STRING, 0, 0, &o->chat_template, NULL, "NAME",
          "template family instead of the GGUF's own (kittykv tokenize\n"
          "--help lists them)"},

@@ -16,6 +16,12 @@
 
 #define SRV_MAX_STOP 4
 #define SRV_MAX_STOP_LEN 256
+#define SRV_MAX_CUTS 4
+/* A prompt that parts from an entry within its own tokens, after sharing at
+ * least this many tokens more than it reuses, keeps the shared part as an
+ * entry of its own: the second user of a system prompt makes it reusable for
+ * everyone after. */
+#define SRV_PREFIX_MIN 16
 
 enum { REQ_QUEUED = 0, REQ_PREFILL = 1, REQ_DECODE = 2, REQ_DONE = 3 };
 
@@ -29,6 +35,12 @@ struct srv_req {
     char              *stop[SRV_MAX_STOP]; /* owned, NUL-terminated */
     int                n_stop;
     int                ignore_eos; /* keep going past EOS/EOT (benchmarks, tests) */
+    int                cache_prompt; /* 0: neither look up nor keep prefix entries */
+    int                cuts[SRV_MAX_CUTS]; /* [n_cuts] ascending prompt positions in
+                                      * [1, n_prompt) where the prefix so far is kept
+                                      * as an entry (a system prompt's end, the turns
+                                      * before the last message) */
+    int                n_cuts;
     double             t_submit; /* monotonic seconds */
 
     /* shared: read and written under srv.mu */
@@ -52,6 +64,7 @@ struct srv_req {
     int32_t        *gen;     /* [gen_cap] tokens generated, for the prefix cache */
     int             gen_cap;
     int             reused;  /* prompt tokens that came from the prefix cache */
+    int             cut_i;   /* next of cuts[] still ahead of n_fed */
     kkv_sampler    *smp;
     kkv_utf8_stream u8;
     srv_req        *next;    /* queue / active list link */
@@ -62,7 +75,10 @@ typedef struct srv_metrics {
     uint64_t prompt_tokens, gen_tokens, decode_steps, prefill_chunks;
     uint64_t finished_stop, finished_length, cancelled;
     uint64_t prefix_hits, prefix_misses, prefix_tokens_reused, prefix_evictions;
-    uint64_t prefix_bytes;     /* pool bytes held by prefix-cache entries */
+    uint64_t prefix_bytes;     /* pool bytes held by prefix-cache entries (pages they
+                                  share counted once: kkv_seqs_mem) */
+    uint64_t request_bytes;    /* pool bytes held by active requests (the same way) */
+    uint64_t prefix_forks;     /* entries made at a prompt's cut */
     int      prefix_entries;
     double   decode_tps;       /* tokens/s of recent decode steps (moving average) */
     kkv_mem  mem;              /* snapshot of kkv_cache_mem after the last step */
@@ -70,12 +86,13 @@ typedef struct srv_metrics {
     int      active, queued;
 } srv_metrics;
 
-/* A finished sequence kept in the pool with the tokens it holds: a later
- * prompt that starts with all of them (the next turn of a conversation)
- * continues it instead of recomputing them. An entry is taken over by one
- * request; forking it per request (kkv_seq_fork) and cutting entries at a
- * system prompt's end would let one prefix serve many (lookup, LRU and
- * eviction stay as they are). */
+/* A sequence kept in the pool with the tokens it holds: a finished request
+ * (prompt + answer: the conversation's next turn starts with them) or a
+ * prompt's prefix forked off at one of its cuts (a shared system prompt). A
+ * later prompt that starts with all of an entry's tokens forks the entry
+ * (kkv_seq_fork: written pages are shared, not copied) and prefills only the
+ * rest; the entry stays for the next user. Least recently used entries are
+ * freed when the pool needs room. */
 typedef struct srv_prefix {
     int      seq;
     int32_t *tokens; /* [n] owned */
@@ -136,6 +153,7 @@ typedef struct srv_req_limits {
 typedef struct srv_parsed_req {
     int   chat;                 /* 1: /v1/chat/completions, 0: /v1/completions */
     int   stream, include_usage, ignore_eos; /* 0 or 1 */
+    int   cache_prompt;         /* 0 or 1 (default 1): use and feed the prefix cache */
     int   have_max, max_tokens; /* max_tokens in [1, ctx) when have_max, else 0 */
     kkv_sampler_params sp;      /* valid for kkv_sampler_create; seed drawn if not given */
     char *stop[SRV_MAX_STOP];   /* [n_stop] owned, 1..SRV_MAX_STOP_LEN bytes each */
@@ -170,11 +188,19 @@ int  srv_req_fits(const srv_parsed_req *o, int n_prompt, int ctx, srv_req_err *e
 /* Picks the template family from the model (or the override name). 0, or -1
  * with a message in err. */
 int  srv_chat_init(srv *s, const char *override_name, char *err, size_t cap);
-/* The role/content turns in the template, then the assistant's opening.
- * roles, contents: [n]. A malloc'd NUL-terminated prompt, or NULL with the
- * reason in err. Takes tok_mu. */
+/* The role/content turns in the template, then (gen 1) the assistant's
+ * opening. roles, contents: [n]. A malloc'd NUL-terminated prompt, or NULL
+ * with the reason in err. Takes tok_mu. */
 char *srv_chat_render(srv *s, const char *const *roles, const char *const *contents, int n,
-                      char *err, size_t cap);
+                      int gen, char *err, size_t cap);
+
+/* Where a chat prompt toks [n_toks] (the n turns rendered with the
+ * assistant's opening) may be cut for the prefix cache: after the leading
+ * system turns (shared by users), and after all turns but the last (the
+ * conversation so far). Writes at most max ascending positions in
+ * [1, n_toks) to cuts; returns how many. Takes tok_mu. */
+int  srv_chat_cuts(srv *s, const char *const *roles, const char *const *contents, int n,
+                   const int32_t *toks, int n_toks, int *cuts, int max);
 
 /* HTTP front end (serve_http.c). */
 typedef struct srv_http srv_http;

@@ -43,7 +43,7 @@ int srv_chat_init(srv *s, const char *override_name, char *err, size_t cap) {
 }
 
 char *srv_chat_render(srv *s, const char *const *roles, const char *const *contents, int n,
-                      char *err, size_t cap) {
+                      int gen, char *err, size_t cap) {
     kkv_chat_msg *msgs = malloc((size_t)(n > 0 ? n : 1) * sizeof *msgs); /* [n] */
     if (!msgs) {
         snprintf(err, cap, "out of memory");
@@ -54,9 +54,9 @@ char *srv_chat_render(srv *s, const char *const *roles, const char *const *conte
     char *out = NULL;
     /* the vocabulary handle is shared by the HTTP threads: under tok_mu */
     pthread_mutex_lock(&s->tok_mu);
-    kkv_status st = kkv_chat_format(s->vocab, NULL, 0, &len, msgs, n, 1, s->chat_template);
+    kkv_status st = kkv_chat_format(s->vocab, NULL, 0, &len, msgs, n, gen, s->chat_template);
     if (st == KKV_ERR_INVALID_ARG && len > 0 && (out = malloc(len + 1)))
-        st = kkv_chat_format(s->vocab, out, len + 1, &len, msgs, n, 1, s->chat_template);
+        st = kkv_chat_format(s->vocab, out, len + 1, &len, msgs, n, gen, s->chat_template);
     else if (st == KKV_OK)
         out = strdup("");
     if (st != KKV_OK) snprintf(err, cap, "chat template: %s", kkv_last_error());
@@ -68,4 +68,36 @@ char *srv_chat_render(srv *s, const char *const *roles, const char *const *conte
     }
     if (!out) snprintf(err, cap, "out of memory");
     return out;
+}
+
+/* The token count of the first n turns rendered alone, if the whole prompt
+ * toks [n_toks] starts with exactly those tokens (a tokenizer may merge
+ * across the boundary; then there is no cut there), else 0. */
+static int prefix_len(srv *s, const char *const *roles, const char *const *contents, int n,
+                      const int32_t *toks, int n_toks) {
+    char err[64];
+    char *text = srv_chat_render(s, roles, contents, n, 0, err, sizeof err);
+    if (!text) return 0;
+    int32_t *t = NULL;
+    int k = 0;
+    pthread_mutex_lock(&s->tok_mu);
+    kkv_status st = kkv_tokenize_alloc(s->vocab, &t, &k, text, strlen(text), 1, 1);
+    pthread_mutex_unlock(&s->tok_mu);
+    free(text);
+    int ok = st == KKV_OK && k > 0 && k < n_toks && !memcmp(t, toks, (size_t)k * sizeof *t);
+    free(t);
+    return ok ? k : 0;
+}
+
+int srv_chat_cuts(srv *s, const char *const *roles, const char *const *contents, int n,
+                  const int32_t *toks, int n_toks, int *cuts, int max) {
+    int k = 0, n_sys = 0, c;
+    while (n_sys < n && !strcmp(roles[n_sys], "system")) n_sys++;
+    if (n_sys > 0 && n_sys < n && k < max &&
+        (c = prefix_len(s, roles, contents, n_sys, toks, n_toks)) > 0)
+        cuts[k++] = c;
+    if (n - 1 > n_sys && k < max &&
+        (c = prefix_len(s, roles, contents, n - 1, toks, n_toks)) > 0 && (!k || c > cuts[0]))
+        cuts[k++] = c;
+    return k;
 }

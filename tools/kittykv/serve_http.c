@@ -77,7 +77,7 @@ static enum MHD_Result send_error(struct MHD_Connection *c, srv *s, int status, 
 
 /* The chat prompt in the model's template; NULL with err set. */
 static char *chat_prompt(srv *s, const srv_parsed_req *p, char *err, size_t cap) {
-    return srv_chat_render(s, p->roles, (const char *const *)p->contents, p->n_msgs, err,
+    return srv_chat_render(s, p->roles, (const char *const *)p->contents, p->n_msgs, 1, err,
                            cap);
 }
 
@@ -325,6 +325,10 @@ static enum MHD_Result completions(struct MHD_Connection *c, srv_http *h, conn_c
     r->max_tokens = o.have_max ? o.max_tokens : s->ctx - n;
     r->sp = o.sp;
     r->ignore_eos = o.ignore_eos;
+    r->cache_prompt = o.cache_prompt;
+    if (chat && o.cache_prompt)
+        r->n_cuts = srv_chat_cuts(s, o.roles, (const char *const *)o.contents, o.n_msgs, toks,
+                                  n, r->cuts, SRV_MAX_CUTS);
     for (int i = 0; i < o.n_stop; i++) r->stop[i] = o.stop[i];
     r->n_stop = o.n_stop;
     o.n_stop = 0; /* the stops are r's now */
@@ -463,13 +467,20 @@ static enum MHD_Result metrics(struct MHD_Connection *c, srv *s) {
     for (int i = 0; i < 7; i++)
         P("kittykv_kv_stored_bytes{component=\"%s\"} %llu\n", comp[i],
           (unsigned long long)val[i]);
-    P("# HELP kittykv_prefix_cache_bytes Pool bytes held by prefix-cache entries.\n"
+    P("# HELP kittykv_prefix_cache_bytes Pool bytes held by prefix-cache entries (pages "
+      "they share counted once).\n"
       "# TYPE kittykv_prefix_cache_bytes gauge\nkittykv_prefix_cache_bytes %llu\n"
       "# TYPE kittykv_prefix_cache_entries gauge\nkittykv_prefix_cache_entries %d\n",
       (unsigned long long)m.prefix_bytes, m.prefix_entries);
-    P("# HELP kittykv_prefix_shared_bytes KV bytes shared between live sequences (0 until "
-      "entries are forked with kkv_seq_fork instead of taken over).\n"
-      "# TYPE kittykv_prefix_shared_bytes gauge\nkittykv_prefix_shared_bytes 0\n");
+    P("# HELP kittykv_request_kv_bytes Pool bytes held by active requests (pages they "
+      "share counted once).\n"
+      "# TYPE kittykv_request_kv_bytes gauge\nkittykv_request_kv_bytes %llu\n",
+      (unsigned long long)m.request_bytes);
+    P("# HELP kittykv_prefix_shared_bytes KV page bytes that two or more sequences hold "
+      "(forks of a cached prefix), counted once.\n"
+      "# TYPE kittykv_prefix_shared_bytes gauge\nkittykv_prefix_shared_bytes %llu\n"
+      "# TYPE kittykv_prefix_forks_total counter\nkittykv_prefix_forks_total %llu\n",
+      (unsigned long long)m.mem.shared, (unsigned long long)m.prefix_forks);
     P("# TYPE kittykv_prefix_lookups_total counter\n"
       "kittykv_prefix_lookups_total{result=\"hit\"} %llu\n"
       "kittykv_prefix_lookups_total{result=\"miss\"} %llu\n"

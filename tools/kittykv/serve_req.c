@@ -108,6 +108,8 @@ static int parse_opts(const cJSON *root, const srv_req_limits *lim, srv_parsed_r
 
     if ((rc = get_bool(root, "stream", &o->stream, e))) return rc;
     if ((rc = get_bool(root, "ignore_eos", &o->ignore_eos, e))) return rc;
+    o->cache_prompt = 1; /* llama-server's name: false keeps the prompt out of the prefix cache */
+    if ((rc = get_bool(root, "cache_prompt", &o->cache_prompt, e))) return rc;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && cJSON_IsObject(so)) {
         const cJSON *iu = cJSON_GetObjectItemCaseSensitive(so, "include_usage");

@@ -228,54 +228,128 @@ static void pc_drop(srv *s, int i) {
     s->pc[i] = s->pc[--s->n_pc];
 }
 
-/* Frees the least recently used entry; 0 if there was none. */
-static int pc_evict(srv *s) {
-    if (s->n_pc == 0) return 0;
-    int lru = 0;
-    for (int i = 1; i < s->n_pc; i++)
-        if (s->pc[i].last_used < s->pc[lru].last_used) lru = i;
-    pc_drop(s, lru);
+/* The least recently used entry other than `keep` (-1: none kept), or -1. */
+static int pc_lru(const srv *s, int keep) {
+    int lru = -1;
+    for (int i = 0; i < s->n_pc; i++)
+        if (i != keep && (lru < 0 || s->pc[i].last_used < s->pc[lru].last_used)) lru = i;
+    return lru;
+}
+
+/* Frees the least recently used entry but `*keep` (which pc_drop may move:
+ * *keep follows it; NULL keeps none); 0 if there was none to free. */
+static int pc_evict_but(srv *s, int *keep) {
+    int v = pc_lru(s, keep ? *keep : -1);
+    if (v < 0) return 0;
+    if (keep && *keep == s->n_pc - 1) *keep = v; /* pc_drop moves the last entry to v */
+    pc_drop(s, v);
     s->m.prefix_evictions++;
     return 1;
 }
 
+static int pc_evict(srv *s) { return pc_evict_but(s, NULL); }
+
+/* The entry holding exactly toks [n], or -1. */
+static int pc_same(const srv *s, const int32_t *toks, int n) {
+    for (int i = 0; i < s->n_pc; i++)
+        if (s->pc[i].n == n && !memcmp(s->pc[i].tokens, toks, (size_t)n * sizeof *toks))
+            return i;
+    return -1;
+}
+
+/* Makes seq an entry holding toks [n] (copied); a room is made by LRU. On
+ * failure (no memory) the sequence is freed. */
+static void pc_insert(srv *s, int seq, const int32_t *toks, int n) {
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    if (!t) {
+        kkv_seq_free(s->cache, seq);
+        return;
+    }
+    memcpy(t, toks, (size_t)n * sizeof *t);
+    if (s->n_pc == s->pc_max) pc_evict(s);
+    s->pc[s->n_pc++] = (srv_prefix){seq, t, n, ++s->tick};
+}
+
 /* Keeps a finished request's sequence as an entry when every token it holds
- * is known (prompt + generated tokens fed back); else frees it. */
+ * is known (prompt + generated tokens fed back) and no entry holds the same
+ * tokens already; else frees it. */
 static void pc_keep_or_free(srv *s, srv_req *r) {
     int held = kkv_seq_len(s->cache, r->seq, 0);
-    int ok = s->pc_max > 0 && !r->cancelled && !r->err_status && r->n_gen > 0 &&
-             r->n_gen <= r->gen_cap && held == r->n_prompt + r->n_gen - 1;
-    int32_t *t = ok ? malloc((size_t)held * sizeof *t) : NULL;
+    int ok = s->pc_max > 0 && r->cache_prompt && !r->cancelled && !r->err_status &&
+             r->n_gen > 0 && r->n_gen <= r->gen_cap && held == r->n_prompt + r->n_gen - 1;
+    int32_t *t = ok ? malloc((size_t)held * sizeof *t) : NULL; /* [held] */
     if (!t) {
         kkv_seq_free(s->cache, r->seq);
         return;
     }
     memcpy(t, r->prompt, (size_t)r->n_prompt * sizeof *t);
     memcpy(t + r->n_prompt, r->gen, (size_t)(held - r->n_prompt) * sizeof *t);
-    if (s->n_pc == s->pc_max) pc_evict(s);
-    s->pc[s->n_pc++] = (srv_prefix){r->seq, t, held, ++s->tick};
+    int same = pc_same(s, t, held);
+    if (same >= 0) { /* the same request again: the pool stays where it was */
+        s->pc[same].last_used = ++s->tick;
+        kkv_seq_free(s->cache, r->seq);
+    } else {
+        pc_insert(s, r->seq, t, held);
+    }
+    free(t);
 }
 
-/* The entry holding the longest proper prefix of r's prompt, or -1. */
-static int pc_find(const srv *s, const srv_req *r) {
+/* r's prefill has reached one of its cuts (n = r->n_fed tokens held): a fork
+ * of its sequence becomes an entry for the prompts that share those tokens.
+ * Room for the fork's copied staging comes from LRU entries, never from the
+ * running requests; if there is none it is skipped. */
+static void pc_fork_cut(srv *s, srv_req *r, int n) {
+    int same = pc_same(s, r->prompt, n);
+    if (same >= 0) {
+        s->pc[same].last_used = ++s->tick;
+        return;
+    }
+    if (s->n_pc == s->pc_max) pc_evict(s);
+    int child = -1;
+    kkv_status st;
+    while ((st = kkv_seq_fork(s->cache, &child, r->seq)) == KKV_ERR_POOL_FULL && pc_evict(s)) {
+    }
+    if (st != KKV_OK) return;
+    pc_insert(s, child, r->prompt, n);
+    s->m.prefix_forks++;
+}
+
+/* The entry holding the longest proper prefix of r's prompt, or -1; *lcp =
+ * the most leading tokens r shares with any entry (a prefix of it or not). */
+static int pc_find(const srv *s, const srv_req *r, int *lcp) {
     int best = -1;
+    *lcp = 0;
     for (int i = 0; i < s->n_pc; i++) {
         const srv_prefix *e = &s->pc[i];
-        if (e->n < r->n_prompt && (best < 0 || e->n > s->pc[best].n) &&
-            !memcmp(e->tokens, r->prompt, (size_t)e->n * sizeof *e->tokens))
-            best = i;
+        int k = 0, m = e->n < r->n_prompt ? e->n : r->n_prompt;
+        while (k < m && e->tokens[k] == r->prompt[k]) k++;
+        if (k > *lcp) *lcp = k;
+        if (k == e->n && e->n < r->n_prompt && (best < 0 || e->n > s->pc[best].n)) best = i;
     }
     return best;
 }
 
+/* Adds cut position p to r's ascending cuts (if new and room). */
+static void add_cut(srv_req *r, int p) {
+    int i = 0;
+    while (i < r->n_cuts && r->cuts[i] < p) i++;
+    if ((i < r->n_cuts && r->cuts[i] == p) || r->n_cuts == SRV_MAX_CUTS) return;
+    memmove(r->cuts + i + 1, r->cuts + i, (size_t)(r->n_cuts - i) * sizeof *r->cuts);
+    r->cuts[i] = p;
+    r->n_cuts++;
+}
+
 static void pc_account(srv *s) {
-    uint64_t b = 0;
-    for (int i = 0; i < s->n_pc; i++) {
-        kkv_mem m;
-        if (kkv_seq_mem(s->cache, &m, s->pc[i].seq) == KKV_OK) b += m.capacity;
-    }
-    s->m.prefix_bytes = b;
+    int ids[4096 + 1]; /* [n_pc] entries, then [n_active] requests; pc_max <= 4096 */
+    int n = 0;
+    kkv_mem m;
+    for (int i = 0; i < s->n_pc; i++) ids[n++] = s->pc[i].seq;
+    s->m.prefix_bytes = n && kkv_seqs_mem(s->cache, &m, ids, n) == KKV_OK ? m.capacity : 0;
     s->m.prefix_entries = s->n_pc;
+    n = 0;
+    for (srv_req *r = s->active; r && n < 4096; r = r->next)
+        if (r->seq >= 0) ids[n++] = r->seq;
+    s->m.request_bytes = n && kkv_seqs_mem(s->cache, &m, ids, n) == KKV_OK ? m.capacity : 0;
 }
 
 /* ---- lists (under mu) */
@@ -332,13 +406,17 @@ static void push_active(srv *s, srv_req *r) {
 static void admit(srv *s) {
     while (s->queue_head && s->n_active < s->parallel) {
         srv_req *r = s->queue_head;
-        int seq = -1, hit = pc_find(s, r), reused = 0;
+        int lcp = 0, seq = -1, reused = 0;
+        int hit = r->cache_prompt ? pc_find(s, r, &lcp) : -1;
         kkv_status st;
         for (;;) {
-            if (hit >= 0) { /* take the entry's sequence over: its tokens are r's prefix */
-                seq = s->pc[hit].seq;
+            if (hit >= 0) { /* fork the entry: its tokens are r's prefix */
                 reused = s->pc[hit].n;
-                st = kkv_seq_reserve(s->cache, seq, r->n_prompt - reused + 1);
+                st = kkv_seq_fork(s->cache, &seq, s->pc[hit].seq);
+                if (st == KKV_OK) {
+                    st = kkv_seq_reserve(s->cache, seq, r->n_prompt - reused + 1);
+                    if (st != KKV_OK) kkv_seq_free(s->cache, seq);
+                }
             } else {
                 st = kkv_seq_add(s->cache, &seq);
                 if (st == KKV_OK) {
@@ -346,20 +424,8 @@ static void admit(srv *s) {
                     if (st != KKV_OK) kkv_seq_free(s->cache, seq);
                 }
             }
-            if (st != KKV_ERR_POOL_FULL) break;
-            /* make room from the prefix cache, never from the entry being reused */
-            int victim = -1;
-            for (int i = 0; i < s->n_pc; i++)
-                if (i != hit && (victim < 0 || s->pc[i].last_used < s->pc[victim].last_used))
-                    victim = i;
-            if (victim < 0) break;
-            if (hit == s->n_pc - 1) hit = victim; /* pc_drop moves the last entry */
-            pc_drop(s, victim);
-            s->m.prefix_evictions++;
-        }
-        if (st == KKV_OK && hit >= 0) { /* the entry leaves the cache with its sequence */
-            free(s->pc[hit].tokens);
-            s->pc[hit] = s->pc[--s->n_pc];
+            /* make room from the prefix cache, never from the entry being forked */
+            if (st != KKV_ERR_POOL_FULL || !pc_evict_but(s, hit >= 0 ? &hit : NULL)) break;
         }
         if (st == KKV_ERR_POOL_FULL && s->n_active > 0) break; /* wait for room */
         s->queue_head = r->next;
@@ -376,6 +442,16 @@ static void admit(srv *s) {
             unref_locked(r);
             continue;
         }
+        if (hit >= 0) s->pc[hit].last_used = ++s->tick;
+        /* the prompt and an entry part within the prompt: keep the part they share
+         * (a system prompt the template did not mark) if it saves enough */
+        if (r->cache_prompt && s->pc_max > 0) {
+            if (lcp < r->n_prompt && lcp >= reused + SRV_PREFIX_MIN) add_cut(r, lcp);
+        } else {
+            r->n_cuts = 0;
+        }
+        r->cut_i = 0;
+        while (r->cut_i < r->n_cuts && r->cuts[r->cut_i] <= reused) r->cut_i++;
         r->seq = seq;
         r->n_fed = reused;
         r->reused = reused;
@@ -423,6 +499,9 @@ static void step(srv *s, sched_buf *b) {
         if (r->cancelled || r->state != REQ_PREFILL) continue;
         int n = r->n_prompt - r->n_fed;
         if (n > s->chunk) n = s->chunk;
+        /* a chunk ends at the next cut, where the prefix is forked off */
+        if (r->cut_i < r->n_cuts && r->n_fed + n > r->cuts[r->cut_i])
+            n = r->cuts[r->cut_i] - r->n_fed;
         if (np > 0 && n > budget) break;
         b->pf[np] = r;
         b->pf_n[np++] = n;
@@ -473,6 +552,10 @@ static void step(srv *s, sched_buf *b) {
         s->m.prefill_chunks++;
         if (st == KKV_OK) {
             r->n_fed += b->pf_n[i];
+            if (r->cut_i < r->n_cuts && r->n_fed == r->cuts[r->cut_i]) {
+                pc_fork_cut(s, r, r->n_fed);
+                r->cut_i++;
+            }
             if (last) {
                 r->state = REQ_DECODE;
                 on_token(s, r, tok, t2);

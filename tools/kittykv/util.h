@@ -22,7 +22,7 @@ int cli_spec_parse(cli_spec *out, const char *text, char *err, size_t errlen);
 /* Parses a comma-separated list of specs into out [cap]: the count, or -1
  * with a reason in err (empty entries, duplicates, too many). */
 int cli_spec_list(cli_spec *out, int cap, const char *list, char *err, size_t errlen);
-/* The methods of a command's --kv LIST, or all eight named ones when list is
+/* The methods of a command's --kv LIST, or all ten named ones when list is
  * NULL; select=oracle is refused (only `analyze ablation` has rankings). The
  * count, or -1 after printing a usage error for cmd. */
 int cli_spec_list_or_all(cli_spec *out, int cap, const char *list, const char *cmd);
