@@ -1,4 +1,5 @@
-/* Every kernel table this CPU runs (scalar always, AVX2 / AVX-512 when
+/* Every kernel table this CPU runs (scalar always, AVX2 / AVX-512 / their
+ * VNNI page kernels when
  * present) against the scalar reference, primitive by primitive, then
  * end to end through kkv_attend().
  *
@@ -527,6 +528,54 @@ static void test_end_to_end(int have_avx2, double *worst_ref, double *worst_k) {
             }
 }
 
+#if defined(__x86_64__)
+/* A VNNI page-kernel pair gives exactly the AVX2 integer kernels' bytes (both
+ * sum the codes exactly in integers; attn_int_impl.h): every D, G, n_boost
+ * spread, n_rep 1..8, bit width, and a page tail of G = 12 (a half quad). */
+static void test_vnni_exact(const char *name, qk_page_fn qk, pv_page_fn pv, tu_rng *r) {
+    static const int Gx[] = {4, 12, 20, 128, 256};
+    int n_cmp = 0;
+    for (int di = 0; di < NELEM(Ds); di++)
+        for (int gi = 0; gi < NELEM(Gx); gi++) {
+            int D = Ds[di], G = Gx[gi];
+            float *x = xmalloc((size_t)G * D * 4), *q = xmalloc((size_t)8 * D * 4);
+            float *p = xmalloc((size_t)8 * G * 4);
+            float *s0 = xmalloc((size_t)8 * G * 4), *s1 = xmalloc((size_t)8 * G * 4);
+            float *a0 = xmalloc((size_t)8 * D * 4), *a1 = xmalloc((size_t)8 * D * 4);
+            uint8_t *kp = xmalloc(kkv_key_page_bytes(D, G, D));
+            uint8_t *vp = xmalloc(kkv_value_page_bytes(D, G, 4));
+            for (int nb = 0; nb <= D && !tu_failed(); nb += (D <= 12 ? 1 : D / 8 + 1)) {
+                int R = 1 + tu_int(r, 8);
+                for (int i = 0; i < G * D; i++)
+                    x[i] = tu_normal(r) * ((i % D) % 5 == 2 ? 20.0f : (i % D) % 7 == 3 ? 0.05f : 1.0f);
+                rand_f32(r, q, R * D);
+                kkv_key_page_encode(kp, x, D, G, nb, KKV_SELECT_RANDOM, 3, (uint64_t)nb, NULL);
+                kkv_avx2i_qk_page(s0, q, R, kp, D, G, nb);
+                qk(s1, q, R, kp, D, G, nb);
+                CHECK(memcmp(s0, s1, (size_t)R * G * 4) == 0, "%s qk_page D=%d G=%d nb=%d n_rep=%d: not bit-identical to avx2", name, D, G, nb, R);
+                n_cmp++;
+            }
+            for (int bits = 2; bits <= 4 && !tu_failed(); bits += 2)
+                for (int R = 1; R <= 8; R++) {
+                    for (int i = 0; i < G * D; i++) x[i] = tu_normal(r) + 0.3f * (float)((i / D) % 7);
+                    kkv_value_page_encode(vp, x, D, G, bits);
+                    for (int i = 0; i < R * G; i++) {
+                        float u = fabsf(tu_uniform(r));
+                        p[i] = (i % 13 == 0) ? 0.0f : (i % 3 == 0) ? u : u * u * 0.02f;
+                    }
+                    rand_f32(r, a0, R * D);
+                    memcpy(a1, a0, (size_t)R * D * 4);
+                    kkv_avx2i_pv_page(a0, p, R, vp, D, G, bits);
+                    pv(a1, p, R, vp, D, G, bits);
+                    CHECK(memcmp(a0, a1, (size_t)R * D * 4) == 0, "%s pv_page D=%d G=%d bits=%d n_rep=%d: not bit-identical to avx2", name, D, G, bits, R);
+                    n_cmp++;
+                }
+            free(x), free(q), free(p), free(s0), free(s1), free(a0), free(a1), free(kp), free(vp);
+        }
+    printf("kernel %s: %d page calls bit-identical to the avx2 integer kernels\n", name, n_cmp);
+}
+#endif
+
 static void test_dispatch(void) {
     const kkv_cpu *cpu = kkv_cpu_get();
     kkv_kernel best = kkv_kernel_best();
@@ -534,6 +583,15 @@ static void test_dispatch(void) {
     CHECK(best == want, "best kernel %s, expected %s", kkv_kernel_name(best), kkv_kernel_name(want));
     CHECK((kkv_ops_get(KKV_KERNEL_AVX2) != NULL) == (cpu->avx2 != 0), "avx2 table vs cpu");
     CHECK((kkv_ops_get(KKV_KERNEL_AVX512) != NULL) == (cpu->avx512 != 0), "avx512 table vs cpu");
+#if defined(__x86_64__)
+    if (cpu->avx512)
+        CHECK(kkv_ops_get(KKV_KERNEL_AVX512)->qk_page == (cpu->vnni ? kkv_vnni512_qk_page : kkv_avx2i_qk_page),
+              "avx512 table: VNNI page kernels exactly where the CPU has VNNI");
+    if (cpu->avx2)
+        CHECK(kkv_ops_get(KKV_KERNEL_AVX2)->pv_page == (cpu->avxvnni ? kkv_avxvnni_pv_page : kkv_avx2i_pv_page),
+              "avx2 table: AVX-VNNI page kernels exactly where the CPU has AVX-VNNI");
+    printf("cpu: avx2 %d, avx-vnni %d, avx512 %d, avx512-vnni %d\n", cpu->avx2, cpu->avxvnni, cpu->avx512, cpu->vnni);
+#endif
     CHECK(kkv_ops_get(KKV_KERNEL_AUTO) == kkv_ops_get(best), "auto is best");
     kkv_cache *c = make_cache("kitty", 1, 64, 1);
     CHECK(c && kkv_cache_get_kernel(c) == best, "a new cache uses the best kernel");
@@ -546,7 +604,9 @@ static void test_dispatch(void) {
     kkv_cache_free(c);
     const char *cap = getenv("KKV_CPU");
     if (cap && strcmp(cap, "scalar") == 0) CHECK(best == KKV_KERNEL_SCALAR, "KKV_CPU=scalar caps dispatch");
-    if (cap && strcmp(cap, "avx2") == 0) CHECK(best != KKV_KERNEL_AVX512, "KKV_CPU=avx2 caps dispatch");
+    if (cap && strcmp(cap, "avx2") == 0)
+        CHECK(best != KKV_KERNEL_AVX512 && !cpu->vnni && !cpu->avxvnni, "KKV_CPU=avx2 caps dispatch");
+    if (cap && strcmp(cap, "avx512") == 0) CHECK(!cpu->vnni, "KKV_CPU=avx512 leaves VNNI out");
 }
 
 int main(void) {
@@ -601,6 +661,21 @@ int main(void) {
         kkv_avx2_pv_page(a0, p, R, vp, D, G, 2);
         kkv_avx2i_pv_page(a1, p, R, vp, D, G, 2);
         CHECK(memcmp(a0, a1, sizeof a0) == 0, "pv_page with a negative probability: not the float kernel's result");
+    }
+    if (cpu->vnni) {
+        tu_rng r = tu_rng_make(91);
+        test_vnni_exact("avx512-vnni", kkv_vnni512_qk_page, kkv_vnni512_pv_page, &r);
+    } else {
+        printf("kernel avx512-vnni: not on this CPU (or capped by KKV_CPU), skipped\n");
+    }
+    if (cpu->avxvnni) {
+        tu_rng r = tu_rng_make(92);
+        cmp_stats st = {0};
+        test_vnni_exact("avx-vnni", kkv_avxvnni_qk_page, kkv_avxvnni_pv_page, &r);
+        test_qk_page("avx-vnni", kkv_avxvnni_qk_page, 1, &r, &st);
+        test_pv_page("avx-vnni", kkv_avxvnni_pv_page, 1, &r, &st);
+    } else {
+        printf("kernel avx-vnni: not on this CPU (or capped by KKV_CPU), skipped\n");
     }
 #endif
     printf("integer page kernels: worst error %.3g of the derived bound (must be <= 1)\n", worst_int_ratio);

@@ -31,6 +31,11 @@ static void detect(kkv_cpu *cpu) {
     cpu->avx2 = avx2 && fma && f16c;
     cpu->avx512 = cpu->avx2 && zmm_ok && avx512f && avx512dq && avx512bw && avx512vl;
     cpu->vnni = cpu->avx512 && vnni;
+    unsigned int max7 = a; /* subleaves of leaf 7 */
+    if (max7 >= 1) {
+        __cpuid_count(7, 1, a, b, c, d);
+        cpu->avxvnni = cpu->avx2 && ((a >> 4) & 1);
+    }
 }
 #else
 static void detect(kkv_cpu *cpu) { (void)cpu; }
@@ -39,14 +44,20 @@ static void detect(kkv_cpu *cpu) { (void)cpu; }
 static kkv_cpu cpu_features;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
-/* KKV_CPU=scalar|avx2 caps the detected level, so one machine can exercise
- * every dispatch path (tests and benchmarks use it). */
+/* KKV_CPU caps the detected level, so one machine can exercise every
+ * dispatch path (tests and benchmarks use it): scalar; avx2 (no VNNI of any
+ * kind); avxvnni (AVX2 + AVX-VNNI, no AVX-512); avx512 (AVX-512 without
+ * VNNI). Other values, or none, leave what the CPU has. */
 static void init(void) {
     detect(&cpu_features);
     const char *cap = getenv("KKV_CPU");
-    if (cap && strcmp(cap, "scalar") == 0)
-        cpu_features.avx2 = cpu_features.avx512 = cpu_features.vnni = 0;
-    if (cap && strcmp(cap, "avx2") == 0) cpu_features.avx512 = cpu_features.vnni = 0;
+    if (!cap) return;
+    if (strcmp(cap, "scalar") == 0)
+        cpu_features.avx2 = cpu_features.avx512 = cpu_features.vnni = cpu_features.avxvnni = 0;
+    if (strcmp(cap, "avx2") == 0)
+        cpu_features.avx512 = cpu_features.vnni = cpu_features.avxvnni = 0;
+    if (strcmp(cap, "avxvnni") == 0) cpu_features.avx512 = cpu_features.vnni = 0;
+    if (strcmp(cap, "avx512") == 0) cpu_features.vnni = 0;
 }
 
 const kkv_cpu *kkv_cpu_get(void) {

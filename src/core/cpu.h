@@ -8,6 +8,7 @@ typedef struct kkv_cpu {
     int avx2;   /* AVX2 + FMA + F16C                  */
     int avx512; /* AVX-512 F + BW + VL + DQ            */
     int vnni;   /* AVX-512 VNNI                       */
+    int avxvnni; /* AVX-VNNI (VEX vpdpbusd) + AVX2     */
 } kkv_cpu;
 
 /* Features of this CPU that this build can use; computed once. */

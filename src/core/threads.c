@@ -1,14 +1,36 @@
-/* Thread pool: workers sleep on a condition variable between jobs and take
- * tasks from an atomic counter during one. */
+/* Thread pool: between jobs workers spin on the job counter for a short
+ * while, then sleep on a condition variable; during a job they take tasks
+ * from an atomic counter. A decode step is hundreds of small jobs (every
+ * matmul of every layer, every attention call) a few microseconds apart, and
+ * waking a sleeping thread through the kernel costs about as much as one such
+ * job: with sleeping workers two threads were barely faster than one. The
+ * spin is bounded, so an idle pool costs no CPU.
+ *
+ * Handshakes use sequentially consistent atomics (Dekker style): a sleeper
+ * announces itself (sleepers++ under the mutex) and then re-reads the job
+ * counter; a publisher bumps the counter and then reads sleepers. One of the
+ * two sees the other, so no wake-up is lost. The caller's wait for the last
+ * worker works the same way with caller_waiting. */
 #define _GNU_SOURCE
 #include "core/threads.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <time.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "core/status.h"
+
+/* How long a worker polls for the next job, and the caller for the last
+ * worker, before sleeping. Every 64th poll yields the core (another pool's
+ * thread, or another process, may be the one that has to run) and reads the
+ * clock: the bound is wall time, so on an oversubscribed machine, where one
+ * yield can last a time slice, a poller sleeps after its first long yield
+ * (a bound in polls made every wait last hundreds of other processes' time
+ * slices there: test_capacity ran 30x slower under load). */
+#define SPIN_NS 300000
 
 struct kkv_threadpool {
     int             n_workers; /* threads besides the caller */
@@ -16,14 +38,38 @@ struct kkv_threadpool {
     pthread_mutex_t mu;
     pthread_cond_t  wake;      /* a new job, or shutdown */
     pthread_cond_t  done;      /* the last worker left the job */
-    unsigned long   generation;
-    int             busy;      /* workers still inside the current job */
-    int             quit;
-    kkv_task_fn     fn;
+    atomic_ulong    generation; /* jobs published so far */
+    atomic_int      busy;      /* workers still inside the current job */
+    atomic_int      sleepers;  /* workers in (or entering) cond_wait(wake) */
+    atomic_int      caller_waiting; /* the caller is in (or entering) cond_wait(done) */
+    atomic_int      quit;
+    kkv_task_fn     fn;        /* the current job: written before generation moves */
     void           *ctx;
     int             n_tasks;
     atomic_int      next;
 };
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+/* 1 while poll i (from 0) is within SPIN_NS of the first; yields and reads
+ * the clock every 64th poll only. */
+static inline int still_spinning(int i, long long *t0) {
+    if ((i & 63) != 63) return 1;
+    sched_yield();
+    long long t = now_ns();
+    if (*t0 == 0) *t0 = t;
+    return t - *t0 < SPIN_NS;
+}
 
 static void drain(kkv_tp *tp) {
     for (;;) {
@@ -33,20 +79,35 @@ static void drain(kkv_tp *tp) {
     }
 }
 
+/* Waits until a job after `seen` is published or the pool quits. */
+static void wait_job(kkv_tp *tp, unsigned long seen) {
+    long long t0 = 0;
+    for (int i = 0; still_spinning(i, &t0); i++) {
+        if (atomic_load(&tp->generation) != seen || atomic_load(&tp->quit)) return;
+        cpu_relax();
+    }
+    pthread_mutex_lock(&tp->mu);
+    atomic_fetch_add(&tp->sleepers, 1);
+    while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->quit))
+        pthread_cond_wait(&tp->wake, &tp->mu);
+    atomic_fetch_sub(&tp->sleepers, 1);
+    pthread_mutex_unlock(&tp->mu);
+}
+
 static void *worker_main(void *arg) {
     kkv_tp *tp = arg;
     unsigned long seen = 0;
-    pthread_mutex_lock(&tp->mu);
     for (;;) {
-        while (!tp->quit && tp->generation == seen) pthread_cond_wait(&tp->wake, &tp->mu);
-        if (tp->quit) break;
-        seen = tp->generation;
-        pthread_mutex_unlock(&tp->mu);
+        wait_job(tp, seen);
+        if (atomic_load(&tp->quit)) break;
+        seen = atomic_load(&tp->generation);
         drain(tp);
-        pthread_mutex_lock(&tp->mu);
-        if (--tp->busy == 0) pthread_cond_signal(&tp->done);
+        if (atomic_fetch_sub(&tp->busy, 1) == 1 && atomic_load(&tp->caller_waiting)) {
+            pthread_mutex_lock(&tp->mu);
+            pthread_cond_signal(&tp->done);
+            pthread_mutex_unlock(&tp->mu);
+        }
     }
-    pthread_mutex_unlock(&tp->mu);
     return NULL;
 }
 
@@ -83,7 +144,7 @@ kkv_status kkv_threadpool_create(kkv_threadpool **out, int n_threads) {
 void kkv_tp_free(kkv_tp *tp) {
     if (!tp) return;
     pthread_mutex_lock(&tp->mu);
-    tp->quit = 1;
+    atomic_store(&tp->quit, 1);
     pthread_cond_broadcast(&tp->wake);
     pthread_mutex_unlock(&tp->mu);
     for (int i = 0; i < tp->n_workers; i++) pthread_join(tp->workers[i], NULL);
@@ -102,19 +163,28 @@ void kkv_tp_run(kkv_tp *tp, int n_tasks, kkv_task_fn fn, void *ctx) {
         for (int t = 0; t < n_tasks; t++) fn(ctx, t);
         return;
     }
-    pthread_mutex_lock(&tp->mu);
+    /* no worker is inside a job here (the last run waited for busy == 0) */
     tp->fn = fn;
     tp->ctx = ctx;
     tp->n_tasks = n_tasks;
     atomic_store(&tp->next, 0);
-    tp->busy = tp->n_workers;
-    tp->generation++;
-    pthread_cond_broadcast(&tp->wake);
-    pthread_mutex_unlock(&tp->mu);
+    atomic_store(&tp->busy, tp->n_workers);
+    atomic_fetch_add(&tp->generation, 1);
+    if (atomic_load(&tp->sleepers) > 0) {
+        pthread_mutex_lock(&tp->mu);
+        pthread_cond_broadcast(&tp->wake);
+        pthread_mutex_unlock(&tp->mu);
+    }
     drain(tp);
-    pthread_mutex_lock(&tp->mu);
-    while (tp->busy > 0) pthread_cond_wait(&tp->done, &tp->mu);
-    pthread_mutex_unlock(&tp->mu);
+    long long t0 = 0;
+    for (int i = 0; atomic_load(&tp->busy) > 0 && still_spinning(i, &t0); i++) cpu_relax();
+    if (atomic_load(&tp->busy) > 0) {
+        pthread_mutex_lock(&tp->mu);
+        atomic_store(&tp->caller_waiting, 1);
+        while (atomic_load(&tp->busy) > 0) pthread_cond_wait(&tp->done, &tp->mu);
+        atomic_store(&tp->caller_waiting, 0);
+        pthread_mutex_unlock(&tp->mu);
+    }
 }
 
 void kkv_threadpool_free(kkv_threadpool *tp) { kkv_tp_free(tp); }

@@ -667,3 +667,16 @@ const kkv_ops kkv_ops_avx2 = {
     .value_encode = kkv_avx2_value_encode,
     .softmax = kkv_avx2_softmax,
 };
+
+/* The AVX2 table with AVX-VNNI page kernels (dispatch picks it where
+ * cpu->avxvnni); results bit-identical to kkv_ops_avx2. */
+const kkv_ops kkv_ops_avx2vnni = {
+    .kind = KKV_KERNEL_AVX2,
+    .qk_f16 = kkv_avx2_qk_f16,
+    .qk_page = kkv_avxvnni_qk_page,
+    .pv_f16 = kkv_avx2_pv_f16,
+    .pv_page = kkv_avxvnni_pv_page,
+    .key_encode = kkv_avx2_key_encode,
+    .value_encode = kkv_avx2_value_encode,
+    .softmax = kkv_avx2_softmax,
+};

@@ -23,6 +23,16 @@ void kkv_avx2i_qk_page(float *s, const float *q, int n_rep, const uint8_t *page,
                        int nb);
 void kkv_avx2i_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
                        int bits);
+/* The same with vpdpbusd (attn_vnni_avx512.c, attn_vnni_avxvnni.c): run only
+ * where the CPU has AVX-512 VNNI / AVX-VNNI; bit-identical to kkv_avx2i_*. */
+void kkv_vnni512_qk_page(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
+                         int nb);
+void kkv_vnni512_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
+                         int bits);
+void kkv_avxvnni_qk_page(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
+                         int nb);
+void kkv_avxvnni_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
+                         int bits);
 void kkv_avx2_softmax(float *s, float *ml, float *acc, int n_rep, int n, int D, float inv);
 #endif
 

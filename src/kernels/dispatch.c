@@ -1,5 +1,7 @@
 /* Runtime choice of the kernel table by CPU features (kkv_cpu_get(), which
- * KKV_CPU=scalar|avx2 can cap). */
+ * KKV_CPU=scalar|avx2|avxvnni|avx512 can cap). A kernel kind names an
+ * instruction-set level; within it the VNNI page kernels are taken where the
+ * CPU has them (bit-identical results, only faster). */
 #include <stddef.h>
 
 #include "kernels/kernels.h"
@@ -10,8 +12,14 @@ const kkv_ops *kkv_ops_get(kkv_kernel k) {
     case KKV_KERNEL_SCALAR: return &kkv_ops_scalar;
     case KKV_KERNEL_AUTO: return kkv_ops_get(kkv_kernel_best());
 #if defined(__x86_64__)
-    case KKV_KERNEL_AVX2: return kkv_cpu_get()->avx2 ? &kkv_ops_avx2 : NULL;
-    case KKV_KERNEL_AVX512: return kkv_cpu_get()->avx512 ? &kkv_ops_avx512 : NULL;
+    case KKV_KERNEL_AVX2: {
+        const kkv_cpu *cpu = kkv_cpu_get();
+        return !cpu->avx2 ? NULL : cpu->avxvnni ? &kkv_ops_avx2vnni : &kkv_ops_avx2;
+    }
+    case KKV_KERNEL_AVX512: {
+        const kkv_cpu *cpu = kkv_cpu_get();
+        return !cpu->avx512 ? NULL : cpu->vnni ? &kkv_ops_avx512vnni : &kkv_ops_avx512;
+    }
 #endif
     default: return NULL;
     }

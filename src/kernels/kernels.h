@@ -9,7 +9,8 @@
  *    float rounding (they may fold scales, use FMA and reorder sums):
  *    |simd - scalar| <= 1e-5 * sum |terms|;
  *  - qk_page, pv_page of a SIMD variant work in the integer domain
- *    (attn_int_avx2.c) and differ from the scalar ones by one quantization
+ *    (attn_int_impl.h; its VNNI builds give exactly the AVX2 build's
+ *    results) and differ from the scalar ones by one quantization
  *    step of the folded query / probabilities:
  *      qk_page: |s_t - ref| <= sum_j d_g(j)/2 * |c_tj - maxq_j/2| + rounding,
  *        d_g = max_{j in group g} |q_j scale_j| / 127, channel groups by key
@@ -60,7 +61,9 @@ const kkv_ops *kkv_ops_get(kkv_kernel k);
 extern const kkv_ops kkv_ops_scalar;
 #if defined(__x86_64__)
 extern const kkv_ops kkv_ops_avx2;
+extern const kkv_ops kkv_ops_avx2vnni;   /* AVX2 + AVX-VNNI page kernels */
 extern const kkv_ops kkv_ops_avx512;
+extern const kkv_ops kkv_ops_avx512vnni; /* AVX-512 + VNNI page kernels */
 #endif
 
 #endif

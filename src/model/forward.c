@@ -116,9 +116,11 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
         const kkv_layer *L = &m->layers[l];
         for (int i = 0; i < n; i++)
             kkv_op_rmsnorm(row(w->xn, i, E), row(w->x, i, E), L->attn_norm, E, in->rms_eps);
-        KKV_TRY(mm(m, w->q, &L->wq, w->xn, n));
-        KKV_TRY(mm(m, w->k, &L->wk, w->xn, n));
-        KKV_TRY(mm(m, w->v, &L->wv, w->xn, n));
+        {
+            float *const o3[3] = {w->q, w->k, w->v};
+            const kkv_weight *const w3[3] = {&L->wq, &L->wk, &L->wv};
+            KKV_TRY(kkv_matmul_multi(m->tp, 3, o3, w3, w->xn, n, m->matmul_impl));
+        }
         for (int i = 0; i < n; i++) {
             float *q = row(w->q, i, QD), *k = row(w->k, i, KD), *v = row(w->v, i, KD);
             if (L->bq) add_bias(q, L->bq, QD);
@@ -165,8 +167,11 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
 
         for (int i = 0; i < n; i++)
             kkv_op_rmsnorm(row(w->xn, i, E), row(w->x, i, E), L->ffn_norm, E, in->rms_eps);
-        KKV_TRY(mm(m, w->gate, &L->w_gate, w->xn, n));
-        KKV_TRY(mm(m, w->up, &L->w_up, w->xn, n));
+        {
+            float *const o2[2] = {w->gate, w->up};
+            const kkv_weight *const w2[2] = {&L->w_gate, &L->w_up};
+            KKV_TRY(kkv_matmul_multi(m->tp, 2, o2, w2, w->xn, n, m->matmul_impl));
+        }
         for (int i = 0; i < n; i++) {
             if (m->gemma) kkv_op_geglu(row(w->gate, i, F), row(w->up, i, F), F);
             else kkv_op_swiglu(row(w->gate, i, F), row(w->up, i, F), F);

@@ -84,6 +84,15 @@ typedef enum kkv_wt_impl {
 kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const float *x,
                          int n, kkv_wt_impl impl);
 
+/* Up to KKV_MM_MULTI matmuls of the same x in one pool job: out[i] = x @
+ * w[i]^T, each exactly as kkv_matmul_ex would compute it. x is quantized once
+ * and the pool synchronises once (Q/K/V, gate/up of a decode step are
+ * microseconds each; a pool job per weight cost as much as the work).
+ * Weights with different column counts, or the F32 impl, run one by one. */
+#define KKV_MM_MULTI 4
+kkv_status kkv_matmul_multi(kkv_tp *tp, int nw, float *const *out, const kkv_weight *const *w,
+                            const float *x, int n, kkv_wt_impl impl);
+
 /* One activation block: 32 values as d * q. s = d * (sum of q) (for Q4_1's
  * offset term), isum = sum of q, isum16 = sum of q[0..15] (for Q2_K's
  * 16-value sub-block mins). 48 bytes so q stays 16-byte aligned. */

@@ -1,0 +1,720 @@
+/* Integer-domain AVX2 kernels for quantized pages: the dots run on the 2/4-bit
+ * codes as bytes with vpmaddubsw, never widened to floats. The page format is
+ * the documented one (docs/FORMAT.md section 2); these kernels read it as it is.
+ *
+ * Keys (q . k). k_tj = c_tj * scale_j + mn_j, so
+ *   s_t = sum_j (q_j scale_j) c_tj + sum_j q_j mn_j.
+ * Per page and query head the folded query f_j = q_j * scale_j is quantized to
+ * int8 (round to nearest even) with one step per channel group,
+ * d_g = max_{j in g} |f_j| / 127; groups split the channels by key range
+ * (scale_j * maxq_j within 4x, 16x of the page's largest, or less), so that
+ * one outlier channel does not coarsen every other channel's query. The
+ * constant is kept in float. Channels go in pairs: the code bytes of channels a, b for the
+ * same token are interleaved (vpunpck*bw) and vpmaddubsw gives c_a f_a + c_b f_b
+ * in int16 for 16 tokens at once; int16 sums are widened to int32 before they
+ * can overflow (a bound from the codes' widths, fixed per page). Tokens come
+ * out of a 2-bit plane in the order 4i + k (shift k), and are put back in
+ * order by a 4x8 transpose when the scores are stored.
+ * The integer sum is taken on the codes as stored; a per-head constant moves
+ * it to codes centred on maxq/2, so the rounding error of f_j multiplies
+ * c - maxq/2 rather than c:
+ *   Error: |s_int - s_exact| <= sum_j d_g(j)/2 * |c_tj - maxq_j/2|  (+ float rounding).
+ *
+ * Values (p . v). v_tj = c_tj * scale_t + mn_t, so
+ *   acc_j += sum_t (p_t scale_t) c_tj + sum_t p_t mn_t.
+ * Per block of <= 128 tokens and head the folded probabilities w_t = p_t scale_t
+ * (>= 0) are quantized to uint8 with one step e = max w / 255; token pairs are
+ * interleaved and vpmaddubsw multiplies weights (unsigned) by codes (signed).
+ *   Error (codes centred likewise):
+ *     |acc_int - acc_exact| <= e/2 * sum_t |c_tj - maxq/2|  (+ float rounding).
+ *
+ * Both are pure functions of the page and the query / probabilities, so the
+ * results stay bit-identical for any thread count. Inputs the integer path
+ * cannot represent (a non-finite folded value, a negative probability) take
+ * the float kernels of attn_avx2.c instead.
+ *
+ * VNNI. This file is the body of three kernel pairs: AVX2 (attn_int_avx2.c),
+ * AVX-512 VNNI (attn_vnni_avx512.c) and AVX-VNNI (attn_vnni_avxvnni.c). With
+ * KKV_INT_DPBUSD defined (the includer's vpdpbusd intrinsic) the code bytes
+ * go in quads instead of pairs (four channels of a token, or four tokens of a
+ * channel, per dword) and vpdpbusd adds u8 x s8 quads straight into int32:
+ * no int16 stage, no widening, one instruction where vpmaddubsw needed an add
+ * and a periodic spill. Every integer sum is exact in both variants (the
+ * int16 path widens before it could overflow), so the VNNI kernels give
+ * results bit-identical to the AVX2 integer ones; only speed differs.
+ *
+ * The includer defines KKV_INT_QK and KKV_INT_PV, the names of the two
+ * kernels. Include only from files compiled with -mavx2 -mfma -mf16c. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/attn_simd.h"
+#include "kernels/avx2_util.h"
+#include "core/fp16.h"
+#include "quant/quant.h"
+
+/* Query heads per pass: two int16 accumulators each, all in registers. */
+#define RBI 4
+/* Value tokens per quantization block (bounds the weight scratch). */
+#define VBLK 128
+
+/* A zero row: the high plane of a plain channel paired with a boosted one,
+ * and both planes of the padding channel. Rows are at most 4096/4 bytes. */
+static const uint8_t zrow[1024 + 32];
+
+/* n (1..32) bytes, zero-extended to 32. */
+AI __m256i ld256_part(const uint8_t *p, int n) {
+    if (n >= 32) return _mm256_loadu_si256((const __m256i *)(const void *)p);
+    uint8_t b[32] = {0};
+    memcpy(b, p, (size_t)(n & 31));
+    return _mm256_loadu_si256((const __m256i *)(const void *)b);
+}
+/* n (1..16) bytes, zero-extended to 16. */
+AI __m128i ld128_part(const uint8_t *p, int n) {
+    if (n >= 16) return _mm_loadu_si128((const __m128i *)(const void *)p);
+    uint8_t b[16] = {0};
+    memcpy(b, p, (size_t)(n & 15));
+    return _mm_loadu_si128((const __m128i *)(const void *)b);
+}
+
+/* fp16 [n] (n a multiple of 4) of a page to fp32. */
+static void f16_row(float *dst, const uint8_t *src, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i))));
+    for (; i < n; i += 4)
+        _mm_storeu_ps(dst + i, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)(src + 2 * i))));
+}
+
+/* int16 -> int32 widening add of one accumulator into 16 int32 (two 8-lane
+ * halves at dst and dst + off). */
+AI void widen_add(int32_t *dst, int off, __m256i a) {
+    __m256i l = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(a));
+    __m256i h = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(a, 1));
+    __m256i *d0 = (__m256i *)(void *)dst, *d1 = (__m256i *)(void *)(dst + off);
+    _mm256_storeu_si256(d0, _mm256_add_epi32(_mm256_loadu_si256(d0), l));
+    _mm256_storeu_si256(d1, _mm256_add_epi32(_mm256_loadu_si256(d1), h));
+}
+
+/* The same, storing instead of adding (the first sum into a slot). */
+AI void widen_store(int32_t *dst, int off, __m256i a) {
+    _mm256_storeu_si256((__m256i *)(void *)dst, _mm256_cvtepi16_epi32(_mm256_castsi256_si128(a)));
+    _mm256_storeu_si256((__m256i *)(void *)(dst + off), _mm256_cvtepi16_epi32(_mm256_extracti128_si256(a, 1)));
+}
+
+/* ================================================================ keys */
+
+/* Channel groups of a key page, by key range r_j = scale_j * maxq_j against
+ * the page's largest R: group g holds 4^-g R < r_j <= 4^(1-g) R (the last
+ * group takes the rest). Each group has its own int8 step per head, so an
+ * outlier channel does not coarsen the query of every other channel. */
+#define KGROUPS 3
+#define KPAIRS (KKV_MAX_HEAD_DIM / 2 + 3 * KGROUPS) /* even: VNNI reads weight pairs as int32 */
+
+
+/* Pairs of channels of one page, group by group; inside a group plain pairs,
+ * then pairs with a high plane (a plain channel there reads the zero row as
+ * its high plane), a padding channel where a group's count is odd. */
+typedef struct kpairs {
+    int            n;
+    const uint8_t *lo[KPAIRS][2];
+    const uint8_t *hi[KPAIRS][2];
+    int16_t        ch[KPAIRS][2]; /* channel, -1 = padding */
+    uint8_t        has_hi[KPAIRS];
+    uint8_t        grp[KPAIRS];
+    uint8_t        flush[KPAIRS]; /* widen int16 sums before this pair */
+    uint8_t        first[KPAIRS]; /* this pair starts its group (its first widening stores) */
+    int            gmask;         /* groups present, bit g */
+    uint8_t        cgrp[KKV_MAX_HEAD_DIM + 1]; /* group of each channel (padding: any) */
+} kpairs;
+
+static void kpairs_of(kpairs *P, const uint8_t *page, const kkv_key_layout *L, const int32_t *cg,
+                      int D, int G, int nb) {
+    size_t row = (size_t)G / 4;
+    const uint8_t *idx = page + L->idx;
+    for (int j = 0; j < D; j++) P->cgrp[j] = (uint8_t)cg[j];
+    P->cgrp[D] = 0;
+    P->n = 0;
+    P->gmask = 0;
+    int plain[KGROUPS][KKV_MAX_HEAD_DIM], boost[KGROUPS][KKV_MAX_HEAD_DIM], np[KGROUPS] = {0},
+        nbst[KGROUPS] = {0};
+    for (int j = 0; j < D; j++) {
+        int g = P->cgrp[j];
+        if (idx[j] < nb) boost[g][nbst[g]++] = j;
+        else plain[g][np[g]++] = j;
+    }
+    for (int g = 0; g < KGROUPS; g++) {
+        if (np[g] + nbst[g] == 0) continue;
+        P->gmask |= 1 << g;
+        int list[KKV_MAX_HEAD_DIM + 2], nl = 0, n0 = P->n;
+        for (int i = 0; i + 1 < np[g]; i += 2, P->n++) {
+            for (int e = 0; e < 2; e++) {
+                P->ch[P->n][e] = (int16_t)plain[g][i + e];
+                P->lo[P->n][e] = page + L->lo + (size_t)plain[g][i + e] * row;
+                P->hi[P->n][e] = zrow;
+            }
+            P->has_hi[P->n] = 0;
+            P->grp[P->n] = (uint8_t)g;
+        }
+        if (np[g] % 2) list[nl++] = plain[g][np[g] - 1];
+        for (int i = 0; i < nbst[g]; i++) list[nl++] = boost[g][i];
+        if (nl % 2) list[nl++] = -1;
+        for (int i = 0; i < nl; i += 2, P->n++) {
+            for (int e = 0; e < 2; e++) {
+                int j = list[i + e];
+                P->ch[P->n][e] = (int16_t)j;
+                P->lo[P->n][e] = j < 0 ? zrow : page + L->lo + (size_t)j * row;
+                P->hi[P->n][e] = j >= 0 && idx[j] < nb ? page + L->hi + (size_t)idx[j] * row : zrow;
+            }
+            P->has_hi[P->n] = 1;
+            P->grp[P->n] = (uint8_t)g;
+        }
+#ifdef KKV_INT_DPBUSD
+        if ((P->n - n0) % 2) { /* quads: an even pair count per group, padded by a zero pair */
+            P->ch[P->n][0] = P->ch[P->n][1] = -1;
+            P->lo[P->n][0] = P->lo[P->n][1] = P->hi[P->n][0] = P->hi[P->n][1] = zrow;
+            P->has_hi[P->n] = 0;
+            P->grp[P->n] = (uint8_t)g;
+            P->n++;
+        }
+#endif
+        for (int p = n0; p < P->n; p++) P->first[p] = p == n0;
+    }
+#ifndef KKV_INT_DPBUSD /* int32 sums from the start: no widening schedule */
+    /* |int16 sum| <= 127 * sum of the pairs' largest codes: widen before
+     * 32767, and at every group change */
+    int run = 0;
+    for (int p = 0; p < P->n; p++) {
+        int b = 0;
+        for (int e = 0; e < 2; e++) {
+            int j = P->ch[p][e];
+            b += j < 0 ? 0 : idx[j] < nb ? 127 * 15 : 127 * 3;
+        }
+        P->flush[p] = p > 0 && (run + b > 32767 || P->grp[p] != P->grp[p - 1]);
+        if (P->flush[p]) run = 0;
+        run += b;
+    }
+#endif
+}
+
+/* Code bytes of one channel for tokens 4i + k of a 32-byte chunk. */
+AI __m256i kcodes(__m256i lo, int k) {
+    return _mm256_and_si256(_mm256_srli_epi16(lo, 2 * k), _mm256_set1_epi8(3));
+}
+AI __m256i kcodes_hi(__m256i lo, __m256i hi, int k) {
+    __m256i h = _mm256_and_si256(_mm256_srli_epi16(hi, 2 * k), _mm256_set1_epi8(3));
+    return _mm256_or_si256(kcodes(lo, k), _mm256_slli_epi16(h, 2));
+}
+
+/* Integer dots of RB heads over one chunk (nbytes row bytes, 4 * nbytes
+ * tokens) and one plane shift k, added into a32: [RB][KGROUPS][4][32] int32
+ * as [head][group][k][i] for token 4i + k. w: [RB][pairs] int16 weight pairs. */
+AI void qk_int_plane(int32_t *a32, const int16_t *w, int ldw, const kpairs *P, size_t off,
+                     int nbytes, int k, int RB) {
+    __m256i acc[RBI][2];
+    for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    int first = 1; /* the current group has not been widened yet */
+    for (int p = 0; p < P->n; p++) {
+        if (P->flush[p]) {
+            int st = first; /* the group's first widening stores, later ones add */
+            first = P->first[p];
+            for (int r = 0; r < RB; r++) {
+                int32_t *d = a32 + (((size_t)r * KGROUPS + P->grp[p - 1]) * 4 + (size_t)k) * 32;
+                if (st) {
+                    widen_store(d, 16, acc[r][0]);
+                    widen_store(d + 8, 16, acc[r][1]);
+                } else {
+                    widen_add(d, 16, acc[r][0]);
+                    widen_add(d + 8, 16, acc[r][1]);
+                }
+                acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+            }
+        }
+        __m256i x0, x1;
+        if (!P->has_hi[p]) {
+            x0 = kcodes(ld256_part(P->lo[p][0] + off, nbytes), k);
+            x1 = kcodes(ld256_part(P->lo[p][1] + off, nbytes), k);
+        } else {
+            x0 = kcodes_hi(ld256_part(P->lo[p][0] + off, nbytes), ld256_part(P->hi[p][0] + off, nbytes), k);
+            x1 = kcodes_hi(ld256_part(P->lo[p][1] + off, nbytes), ld256_part(P->hi[p][1] + off, nbytes), k);
+        }
+        /* lanes: a = tokens i 0..7 | 16..23, b = 8..15 | 24..31 */
+        __m256i a = _mm256_unpacklo_epi8(x0, x1), b = _mm256_unpackhi_epi8(x0, x1);
+        for (int r = 0; r < RB; r++) {
+            __m256i wv = _mm256_set1_epi16(w[(size_t)r * ldw + p]);
+            acc[r][0] = _mm256_add_epi16(acc[r][0], _mm256_maddubs_epi16(a, wv));
+            acc[r][1] = _mm256_add_epi16(acc[r][1], _mm256_maddubs_epi16(b, wv));
+        }
+    }
+    if (P->n == 0) return;
+    for (int r = 0; r < RB; r++) {
+        int32_t *d = a32 + (((size_t)r * KGROUPS + P->grp[P->n - 1]) * 4 + (size_t)k) * 32;
+        if (first) {
+            widen_store(d, 16, acc[r][0]);
+            widen_store(d + 8, 16, acc[r][1]);
+        } else {
+            widen_add(d, 16, acc[r][0]);
+            widen_add(d + 8, 16, acc[r][1]);
+        }
+    }
+}
+
+#ifdef KKV_INT_DPBUSD
+/* qk_int_plane with vpdpbusd: consecutive pairs of a group make a quad of
+ * channels (kpairs_of pads a group with an odd pair count with a zero pair of
+ * weight 0); int32 accumulators, stored once per group. Same a32 contents as
+ * qk_int_plane (exact integer sums). */
+/* Code bytes of pair p for plane k: x[0], x[1] (its two channels). */
+AI void pair_codes(__m256i *x, const kpairs *P, int p, size_t off, int nbytes, int k) {
+    if (!P->has_hi[p]) {
+        x[0] = kcodes(ld256_part(P->lo[p][0] + off, nbytes), k);
+        x[1] = kcodes(ld256_part(P->lo[p][1] + off, nbytes), k);
+    } else {
+        x[0] = kcodes_hi(ld256_part(P->lo[p][0] + off, nbytes), ld256_part(P->hi[p][0] + off, nbytes), k);
+        x[1] = kcodes_hi(ld256_part(P->lo[p][1] + off, nbytes), ld256_part(P->hi[p][1] + off, nbytes), k);
+    }
+}
+
+AI void qk_vnni_plane(int32_t *a32, const int16_t *w, int ldw, const kpairs *P, size_t off,
+                      int nbytes, int k, int RB) {
+    __m256i acc[RBI][4];
+    for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm256_setzero_si256();
+    for (int p = 0; p < P->n; p += 2) { /* kpairs_of gave every group an even pair count */
+        __m256i x[4];
+        pair_codes(x, P, p, off, nbytes, k);
+        pair_codes(x + 2, P, p + 1, off, nbytes, k);
+        /* 16-bit lanes: a, c = tokens i 0..7 | 16..23, b, d = 8..15 | 24..31;
+         * dwords: q0 = i 0..3 | 16..19, q1 = 4..7 | 20..23, q2 = 8..11 |
+         * 24..27, q3 = 12..15 | 28..31 */
+        __m256i a = _mm256_unpacklo_epi8(x[0], x[1]), b = _mm256_unpackhi_epi8(x[0], x[1]);
+        __m256i c = _mm256_unpacklo_epi8(x[2], x[3]), d = _mm256_unpackhi_epi8(x[2], x[3]);
+        __m256i q0 = _mm256_unpacklo_epi16(a, c), q1 = _mm256_unpackhi_epi16(a, c);
+        __m256i q2 = _mm256_unpacklo_epi16(b, d), q3 = _mm256_unpackhi_epi16(b, d);
+        for (int r = 0; r < RB; r++) {
+            int32_t w4; /* the weight pairs of p and p + 1: four int8 */
+            memcpy(&w4, w + (size_t)r * ldw + p, 4);
+            __m256i wv = _mm256_set1_epi32(w4);
+            acc[r][0] = KKV_INT_DPBUSD(acc[r][0], q0, wv);
+            acc[r][1] = KKV_INT_DPBUSD(acc[r][1], q1, wv);
+            acc[r][2] = KKV_INT_DPBUSD(acc[r][2], q2, wv);
+            acc[r][3] = KKV_INT_DPBUSD(acc[r][3], q3, wv);
+        }
+        if (p + 2 < P->n && P->grp[p + 2] == P->grp[p]) continue;
+        int g = P->grp[p]; /* the group ends here: store its sums in token order */
+        for (int r = 0; r < RB; r++) {
+            __m256i *dst = (__m256i *)(void *)(a32 + (((size_t)r * KGROUPS + (size_t)g) * 4 + (size_t)k) * 32);
+            _mm256_storeu_si256(dst, _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x20));
+            _mm256_storeu_si256(dst + 1, _mm256_permute2x128_si256(acc[r][2], acc[r][3], 0x20));
+            _mm256_storeu_si256(dst + 2, _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x31));
+            _mm256_storeu_si256(dst + 3, _mm256_permute2x128_si256(acc[r][2], acc[r][3], 0x31));
+            acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm256_setzero_si256();
+        }
+    }
+}
+#define QK_PLANE qk_vnni_plane
+#else
+#define QK_PLANE qk_int_plane
+#endif
+
+/* s[t] = sum_g d[g] * a32[g] + cst for the ntok (<= 128) tokens of a chunk.
+ * a32: [KGROUPS][4][32] as [group][k][i] for token 4i + k; d: [KGROUPS]. */
+AI void qk_int_store(float *s, const int32_t *a32, const float *d, float cst, int gmask, int ntok) {
+    __m256 vc = _mm256_set1_ps(cst);
+    float tmp[128];
+    float *o = ntok == 128 ? s : tmp;
+    for (int ib = 0; ib < 4; ib++) {
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) {
+            v[k] = vc;
+            for (int g = 0; g < KGROUPS; g++)
+                if (gmask >> g & 1) v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(const void *)(a32 + (g * 4 + k) * 32 + ib * 8))),
+                                       _mm256_set1_ps(d[g]), v[k]);
+        }
+        __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+        __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+        __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+        __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+        float *ob = o + ib * 32; /* tokens 4i + k for i in 8ib .. 8ib + 7 */
+        _mm256_storeu_ps(ob, _mm256_permute2f128_ps(u0, u1, 0x20));
+        _mm256_storeu_ps(ob + 8, _mm256_permute2f128_ps(u2, u3, 0x20));
+        _mm256_storeu_ps(ob + 16, _mm256_permute2f128_ps(u0, u1, 0x31));
+        _mm256_storeu_ps(ob + 24, _mm256_permute2f128_ps(u2, u3, 0x31));
+    }
+    if (o == tmp) memcpy(s, tmp, (size_t)ntok * sizeof(float));
+}
+
+AI void qk_int_rb(float *s, const int16_t *w, int ldw, const float *d, const float *cst,
+                  const kpairs *P, int G, int RB) {
+    int rowb = G / 4;
+    for (int c = 0; c < rowb; c += 32) {
+        int nbytes = rowb - c < 32 ? rowb - c : 32;
+        int32_t a32[RBI * KGROUPS * 4 * 32]; /* [RB][group][k][i], groups of P->gmask written */
+        for (int k = 0; k < 4; k++) QK_PLANE(a32, w, ldw, P, (size_t)c, nbytes, k, RB);
+        for (int r = 0; r < RB; r++)
+            qk_int_store(s + (size_t)r * G + 4 * c, a32 + (size_t)r * KGROUPS * 128, d + r * KGROUPS, cst[r], P->gmask, 4 * nbytes);
+    }
+}
+
+
+/* Folded int8 query of one head over a page: f_j = q_j * scale_j, one step
+ * per channel group d_g = max_{j in g} |f_j| / 127, qi = rne(f / d_g) (MXCSR
+ * default rounding), constant cst = sum q_j mn_j + (sum_j (f_j - d_g qi_j)
+ * maxq_j) / 2 (the centring). qi: [D] int32; mq: [D] maxq_j; d: [KGROUPS].
+ * Returns 0 when some f_j is not finite. */
+static int fold_query(int32_t *qi, float *d, float *cst, const float *q, const float *scale,
+                      const float *mn, const float *mq, const int32_t *cg32, int gmask, int D) {
+    float f[KKV_MAX_HEAD_DIM + 8], fa[KKV_MAX_HEAD_DIM + 8]; /* padded: whole-vector stores (masked stores are slow on AMD) */
+    float gi[KKV_MAX_HEAD_DIM + 8], gd[KKV_MAX_HEAD_DIM + 8]; /* [D] 1/d_g, d_g of each channel */
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 c = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int j = 0; j < D; j += 8) {
+        __m256i m = lanes(D - j < 8 ? 4 : 8);
+        __m256 qv = _mm256_maskload_ps(q + j, m);
+        __m256 fv = _mm256_mul_ps(qv, _mm256_maskload_ps(scale + j, m));
+        _mm256_storeu_ps(f + j, fv);
+        _mm256_storeu_ps(fa + j, _mm256_and_ps(fv, absm));
+        c = _mm256_fmadd_ps(qv, _mm256_maskload_ps(mn + j, m), c);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(fv, fv), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+    }
+    if (_mm256_movemask_ps(bad)) return 0; /* inf or NaN */
+    float gm[KGROUPS] = {0};
+    for (int g = 0; g < KGROUPS; g++) {
+        if (!(gmask >> g & 1)) continue;
+        __m256 mx = _mm256_setzero_ps();
+        for (int j = 0; j < D; j += 8) {
+            __m256i m = lanes(D - j < 8 ? 4 : 8);
+            __m256i in = _mm256_cmpeq_epi32(_mm256_maskload_epi32(cg32 + j, m), _mm256_set1_epi32(g));
+            mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_maskload_ps(fa + j, m), _mm256_castsi256_ps(_mm256_and_si256(in, m))));
+        }
+        gm[g] = hmax(mx);
+    }
+    float ginv[KGROUPS];
+    for (int g = 0; g < KGROUPS; g++) {
+        d[g] = gm[g] / 127.0f;
+        ginv[g] = gm[g] > 0.0f ? 127.0f / gm[g] : 0.0f;
+    }
+    __m256 tinv = _mm256_setr_ps(ginv[0], ginv[1], ginv[2], 0, 0, 0, 0, 0);
+    __m256 td = _mm256_setr_ps(d[0], d[1], d[2], 0, 0, 0, 0, 0);
+    for (int j = 0; j < D; j += 8) {
+        __m256i gv = _mm256_loadu_si256((const __m256i *)(const void *)(cg32 + j));
+        _mm256_storeu_ps(gi + j, _mm256_permutevar8x32_ps(tinv, gv));
+        _mm256_storeu_ps(gd + j, _mm256_permutevar8x32_ps(td, gv));
+    }
+    __m256 corr = _mm256_setzero_ps();
+    for (int j = 0; j < D; j += 8) {
+        __m256i m = lanes(D - j < 8 ? 4 : 8);
+        __m256 fv = _mm256_maskload_ps(f + j, m);
+        __m256i x = _mm256_cvtps_epi32(_mm256_mul_ps(fv, _mm256_maskload_ps(gi + j, m))); /* |x| <= 127 */
+        _mm256_storeu_si256((__m256i *)(void *)(qi + j), x);
+        __m256 err = _mm256_fnmadd_ps(_mm256_maskload_ps(gd + j, m), _mm256_cvtepi32_ps(x), fv);
+        corr = _mm256_fmadd_ps(err, _mm256_maskload_ps(mq + j, m), corr);
+    }
+    *cst = hsum(c) + 0.5f * hsum(corr);
+    return 1;
+}
+
+
+void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    const uint8_t *idx = page + L.idx;
+    float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
+    f16_row(scale, page + L.scale, D);
+    f16_row(mn, page + L.mn, D);
+    /* [D] largest code, channel group (as int32 for vector use) */
+    float mq[KKV_MAX_HEAD_DIM + 8], range[KKV_MAX_HEAD_DIM + 8];
+    int32_t cg32[KKV_MAX_HEAD_DIM + 8];
+    __m256 rm = _mm256_setzero_ps();
+    for (int j = 0; j < D; j += 8) {
+        __m256i m = lanes(D - j < 8 ? 4 : 8);
+        uint64_t ib = 0;
+        memcpy(&ib, idx + j, D - j < 8 ? 4 : 8);
+        __m256i iv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)ib));
+        __m256 boosted = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nb), iv));
+        __m256 mv = _mm256_blendv_ps(_mm256_set1_ps(3.0f), _mm256_set1_ps(15.0f), boosted);
+        __m256 rv = _mm256_and_ps(_mm256_mul_ps(_mm256_loadu_ps(scale + j), mv), _mm256_castsi256_ps(m));
+        _mm256_storeu_ps(mq + j, mv);
+        _mm256_storeu_ps(range + j, rv);
+        rm = _mm256_max_ps(rm, rv);
+    }
+    float rmax = hmax(rm);
+    /* group: 0 within 4x of the largest range, 1 within 16x, 2 the rest */
+    __m256 t1 = _mm256_set1_ps(rmax * 0.25f), t2 = _mm256_set1_ps(rmax * 0.0625f);
+    for (int j = 0; j < D; j += 8) {
+        __m256 rv = _mm256_loadu_ps(range + j);
+        __m256i g1 = _mm256_castps_si256(_mm256_cmp_ps(rv, t1, _CMP_LE_OQ));
+        __m256i g2 = _mm256_castps_si256(_mm256_cmp_ps(rv, t2, _CMP_LE_OQ));
+        _mm256_storeu_si256((__m256i *)(void *)(cg32 + j), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_add_epi32(g1, g2)));
+    }
+    kpairs P;
+    kpairs_of(&P, page, &L, cg32, D, G, nb);
+    for (int r0 = 0; r0 < n_rep; r0 += RBI) {
+        int rb = n_rep - r0 < RBI ? n_rep - r0 : RBI;
+        int16_t w[RBI][KPAIRS]; /* [RB][pair] (qi_a, qi_b) bytes */
+        float d[RBI * KGROUPS], cst[RBI];
+        for (int r = 0; r < rb; r++) {
+            int32_t qi[KKV_MAX_HEAD_DIM + 8];
+            if (!fold_query(qi, d + r * KGROUPS, &cst[r], q + (size_t)(r0 + r) * D, scale, mn, mq, cg32, P.gmask, D)) {
+                kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
+                return;
+            }
+            qi[D] = 0; /* padding channel */
+            for (int p = 0; p < P.n; p++) {
+                int a = P.ch[p][0] < 0 ? D : P.ch[p][0], b = P.ch[p][1] < 0 ? D : P.ch[p][1];
+                w[r][p] = (int16_t)(uint16_t)((uint8_t)(int8_t)qi[a] | (unsigned)(uint8_t)(int8_t)qi[b] << 8);
+            }
+        }
+        float *sr = s + (size_t)r0 * G;
+        const int ldw = KPAIRS;
+        if (rb == 4) qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 4);
+        else if (rb == 3) qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 3);
+        else if (rb == 2) qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 2);
+        else qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 1);
+    }
+}
+
+/* ================================================================ values */
+
+/* Adds the int16 accumulators acc[2] of 16 channels into the int32 sums dst
+ * [16] and clears them. The two lanes hold token pairs (t, t+1) and
+ * (t+2, t+3) of the same channels. */
+AI void pv_spill(int32_t *dst, __m256i *acc) {
+    __m256i s0 = acc[0], s1 = acc[1];
+    __m256i l0 = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s0)),
+                                  _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s0, 1)));
+    __m256i l1 = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s1)),
+                                  _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s1, 1)));
+    __m256i *d0 = (__m256i *)(void *)dst, *d1 = (__m256i *)(void *)(dst + 8);
+    _mm256_storeu_si256(d0, _mm256_add_epi32(_mm256_loadu_si256(d0), l0));
+    _mm256_storeu_si256(d1, _mm256_add_epi32(_mm256_loadu_si256(d1), l1));
+    acc[0] = acc[1] = _mm256_setzero_si256();
+}
+
+/* Integer sums of RB heads for the codes of one 16-byte column chunk (cb
+ * bytes present) and one plane shift k over n tokens (a multiple of 4).
+ * wv: [RB][n/4][32] weight vectors: lane 0 (w_t, w_t+1) x 8, lane 1
+ * (w_t+2, w_t+3) x 8. a32: [RB][per][16] int32, [head][k][i]. */
+AI void pv_int_plane(int32_t *a32, int per, const uint8_t *wv, size_t ldwv, const uint8_t *codes,
+                     size_t rowb, int n, int cb, int bits, int k, int RB) {
+    const __m256i mask = _mm256_set1_epi8((char)((1 << bits) - 1));
+    /* |int16 lane| grows by <= 2 * 255 * maxq per token quad */
+    const int per_flush = 32767 / (2 * 255 * ((1 << bits) - 1));
+    __m256i acc[RBI][2];
+    for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    int run = 0;
+    for (int t = 0; t < n; t += 4) {
+        if (run == per_flush) {
+            for (int r = 0; r < RB; r++) pv_spill(a32 + ((size_t)r * per + (size_t)k) * 16, acc[r]);
+            run = 0;
+        }
+        const uint8_t *row = codes + (size_t)t * rowb;
+        __m256i A = _mm256_set_m128i(ld128_part(row + 2 * rowb, cb), ld128_part(row, cb));
+        __m256i B = _mm256_set_m128i(ld128_part(row + 3 * rowb, cb), ld128_part(row + rowb, cb));
+        A = _mm256_and_si256(_mm256_srli_epi16(A, bits * k), mask);
+        B = _mm256_and_si256(_mm256_srli_epi16(B, bits * k), mask);
+        __m256i lo = _mm256_unpacklo_epi8(A, B), hi = _mm256_unpackhi_epi8(A, B);
+        for (int r = 0; r < RB; r++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(wv + (size_t)r * ldwv + (size_t)t * 8));
+            acc[r][0] = _mm256_add_epi16(acc[r][0], _mm256_maddubs_epi16(w, lo));
+            acc[r][1] = _mm256_add_epi16(acc[r][1], _mm256_maddubs_epi16(w, hi));
+        }
+        run++;
+    }
+    for (int r = 0; r < RB; r++) pv_spill(a32 + ((size_t)r * per + (size_t)k) * 16, acc[r]);
+}
+
+#ifdef KKV_INT_DPBUSD
+/* pv_int_plane with vpdpbusd: four tokens of a channel per dword, tokens
+ * t..t+3 in the low lane and t+4..t+7 in the high one (zero weights past n);
+ * the lanes are summed at the end. wq: [RB][n + 8] weight bytes (ldwv apart).
+ * Writes a32 [RB][per][16] at plane k with the sums of pv_int_plane. */
+AI void pv_vnni_plane(int32_t *a32, int per, const uint8_t *wq, size_t ldwv, const uint8_t *codes,
+                      size_t rowb, int n, int cb, int bits, int k, int RB) {
+    const __m256i mask = _mm256_set1_epi8((char)((1 << bits) - 1));
+    const __m256i bcast = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    const __m128i shift = _mm_cvtsi32_si128(bits * k);
+    __m256i acc[RBI][4];
+    for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm256_setzero_si256();
+    for (int t = 0; t < n; t += 8) {
+        const uint8_t *row = codes + (size_t)t * rowb;
+        __m256i R[4];
+        for (int i = 0; i < 4; i++) {
+            __m128i lo = ld128_part(row + (size_t)i * rowb, cb);
+            __m128i hi = t + 4 < n ? ld128_part(row + (size_t)(4 + i) * rowb, cb) : _mm_setzero_si128();
+            R[i] = _mm256_and_si256(_mm256_srl_epi16(_mm256_set_m128i(hi, lo), shift), mask);
+        }
+        /* dwords: channel bytes i 0..3, 4..7, 8..11, 12..15, tokens in order */
+        __m256i a = _mm256_unpacklo_epi8(R[0], R[1]), b = _mm256_unpackhi_epi8(R[0], R[1]);
+        __m256i c = _mm256_unpacklo_epi8(R[2], R[3]), d = _mm256_unpackhi_epi8(R[2], R[3]);
+        __m256i qv[4] = {_mm256_unpacklo_epi16(a, c), _mm256_unpackhi_epi16(a, c),
+                         _mm256_unpacklo_epi16(b, d), _mm256_unpackhi_epi16(b, d)};
+        for (int r = 0; r < RB; r++) {
+            __m256i w8 = _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(const void *)(wq + (size_t)r * ldwv + (size_t)t)));
+            __m256i wv = _mm256_permutevar8x32_epi32(w8, bcast);
+            for (int i = 0; i < 4; i++) acc[r][i] = KKV_INT_DPBUSD(acc[r][i], wv, qv[i]);
+        }
+    }
+    for (int r = 0; r < RB; r++) {
+        int32_t *dst = a32 + ((size_t)r * per + (size_t)k) * 16;
+        for (int i = 0; i < 4; i++)
+            _mm_storeu_si128((__m128i *)(void *)(dst + 4 * i),
+                             _mm_add_epi32(_mm256_castsi256_si128(acc[r][i]), _mm256_extracti128_si256(acc[r][i], 1)));
+    }
+}
+#define PV_PLANE pv_vnni_plane
+#else
+#define PV_PLANE pv_int_plane
+#endif
+
+/* ap[r][ch] += e[r] * I for the channels of one column chunk: byte i, plane k
+ * is channel base + per * i + k. a32: [RB][per][16]. */
+AI void pv_int_store(float *ap, int ldA, const int32_t *a32, const float *e, int base, int per,
+                     int nch, int RB) {
+    for (int r = 0; r < RB; r++) {
+        const int32_t *s = a32 + (size_t)r * per * 16;
+        float *o = ap + (size_t)r * ldA + base;
+        if (per == 4 && nch == 64) { /* 4x16 transpose, as in qk_int_store */
+            __m256 vd = _mm256_set1_ps(e[r]);
+            for (int ib = 0; ib < 2; ib++) {
+                __m256 v[4];
+                for (int k = 0; k < 4; k++)
+                    v[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(const void *)(s + k * 16 + ib * 8))), vd);
+                __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+                __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+                __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+                __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+                float *ob = o + ib * 32;
+                __m256 o0 = _mm256_permute2f128_ps(u0, u1, 0x20), o1 = _mm256_permute2f128_ps(u2, u3, 0x20);
+                __m256 o2 = _mm256_permute2f128_ps(u0, u1, 0x31), o3 = _mm256_permute2f128_ps(u2, u3, 0x31);
+                _mm256_storeu_ps(ob, _mm256_add_ps(_mm256_loadu_ps(ob), o0));
+                _mm256_storeu_ps(ob + 8, _mm256_add_ps(_mm256_loadu_ps(ob + 8), o1));
+                _mm256_storeu_ps(ob + 16, _mm256_add_ps(_mm256_loadu_ps(ob + 16), o2));
+                _mm256_storeu_ps(ob + 24, _mm256_add_ps(_mm256_loadu_ps(ob + 24), o3));
+            }
+        } else {
+            for (int c = 0; c < nch; c++) o[c] += e[r] * (float)s[(c % per) * 16 + c / per];
+        }
+    }
+}
+
+AI void pv_int_rb(float *ap, int ldA, const uint8_t *wv, size_t ldwv, const float *e,
+                  const uint8_t *codes, int n, int D, int bits, int RB) {
+    int per = 8 / bits;
+    size_t rowb = (size_t)D * (size_t)bits / 8;
+    for (int c = 0; c < (int)rowb; c += 16) {
+        int cb = (int)rowb - c < 16 ? (int)rowb - c : 16;
+        int32_t a32[RBI * 4 * 16]; /* [RB][k][i] */
+        memset(a32, 0, sizeof a32);
+        for (int k = 0; k < per; k++)
+            PV_PLANE(a32, per, wv, ldwv, codes + c, rowb, n, cb, bits, k, RB);
+        pv_int_store(ap, ldA, a32, e, c * per, per, cb * per, RB);
+    }
+}
+
+/* Folded uint8 probabilities of one head over a block of n (<= VBLK, a
+ * multiple of 4) tokens: w_t = p_t * scale_t, step e = max w / 255,
+ * wq = rne(w / e); *mt += sum p_t mn_t + maxq/2 * sum_t (w_t - e wq_t) (the
+ * centring). wv: [n/4][32] weight vectors for pv_int_plane; with VNNI the
+ * n weights as bytes and 8 zero bytes. */
+static void fold_probs(uint8_t *wv, float *e, float *mt, const float *p, const float *sc,
+                       const float *mn, int n, int bits) {
+    float w[VBLK + 8];
+    uint8_t wq[VBLK];
+    __m256 m = _mm256_setzero_ps(), amax = _mm256_setzero_ps();
+    for (int t = 0; t < n; t += 8) {
+        __m256i k = lanes(n - t < 8 ? 4 : 8);
+        __m256 pv = _mm256_maskload_ps(p + t, k);
+        __m256 wv8 = _mm256_mul_ps(pv, _mm256_maskload_ps(sc + t, k));
+        _mm256_storeu_ps(w + t, wv8);
+        m = _mm256_fmadd_ps(pv, _mm256_maskload_ps(mn + t, k), m);
+        amax = _mm256_max_ps(amax, wv8);
+    }
+    float am = hmax(amax);
+    __m256 inv = _mm256_set1_ps(am > 0.0f ? 255.0f / am : 0.0f), ve = _mm256_set1_ps(am / 255.0f);
+    __m256 corr = _mm256_setzero_ps();
+    for (int t = 0; t < n; t += 8) {
+        __m256i k = lanes(n - t < 8 ? 4 : 8);
+        __m256 wv8 = _mm256_maskload_ps(w + t, k);
+        __m256i x = _mm256_cvtps_epi32(_mm256_mul_ps(wv8, inv)); /* 0..255 */
+        corr = _mm256_add_ps(corr, _mm256_fnmadd_ps(ve, _mm256_cvtepi32_ps(x), wv8));
+        __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(x, x), _mm256_setzero_si256());
+        uint32_t lo = (uint32_t)_mm256_cvtsi256_si32(b), hi = (uint32_t)_mm256_extract_epi32(b, 4);
+        memcpy(wq + t, &lo, 4);
+        if (n - t >= 8) memcpy(wq + t + 4, &hi, 4);
+    }
+    *e = am / 255.0f;
+    *mt += hsum(m) + 0.5f * (float)((1 << bits) - 1) * hsum(corr);
+#ifdef KKV_INT_DPBUSD
+    /* the VNNI plane reads the weights as bytes, four tokens to a dword */
+    memcpy(wv, wq, (size_t)n);
+    memset(wv + n, 0, 8);
+    return;
+#endif
+    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    for (int t = 0; t < n; t += 4) {
+        int32_t x;
+        memcpy(&x, wq + t, 4);
+        _mm256_storeu_si256((__m256i *)(void *)(wv + (size_t)t * 8), _mm256_shuffle_epi8(_mm256_set1_epi32(x), pick));
+    }
+}
+
+/* 1 when every p_t * scale_t of the page is finite and >= 0. */
+static int probs_ok(const float *p, int n_rep, const uint8_t *scale16, int G) {
+    __m256 bad = _mm256_setzero_ps();
+    for (int t0 = 0; t0 < G; t0 += VBLK) {
+        int n = G - t0 < VBLK ? G - t0 : VBLK;
+        float sc[VBLK];
+        f16_row(sc, scale16 + 2 * (size_t)t0, n);
+        for (int r = 0; r < n_rep; r++)
+            for (int t = 0; t < n; t += 8) {
+                __m256i k = lanes(n - t < 8 ? 4 : 8);
+                __m256 w = _mm256_mul_ps(_mm256_maskload_ps(p + (size_t)r * G + t0 + t, k), _mm256_maskload_ps(sc + t, k));
+                /* not (0 <= w <= FLT_MAX), NaN included */
+                bad = _mm256_or_ps(bad, _mm256_cmp_ps(w, _mm256_setzero_ps(), _CMP_NGE_UQ));
+                bad = _mm256_or_ps(bad, _mm256_cmp_ps(w, _mm256_set1_ps(3.4e38f), _CMP_NLE_UQ));
+            }
+    }
+    return !_mm256_movemask_ps(bad);
+}
+
+void KKV_INT_PV(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G, int bits) {
+    enum { LDA = KKV_MAX_HEAD_DIM };
+    kkv_value_layout L = kkv_value_layout_of(D, G, bits);
+    size_t rowb = (size_t)D * (size_t)bits / 8;
+    float sc[VBLK], mn[VBLK];
+    if (!probs_ok(p, n_rep, page + L.scale, G)) {
+        kkv_avx2_pv_page(acc, p, n_rep, page, D, G, bits);
+        return;
+    }
+    for (int r0 = 0; r0 < n_rep; r0 += RBI) {
+        int rb = n_rep - r0 < RBI ? n_rep - r0 : RBI;
+        float ap[RBI][LDA];            /* [RB][D] integer part, scaled */
+        float mt[RBI] = {0};           /* per head constant: zero points and centring */
+        uint8_t wv[RBI][VBLK / 4][32]; /* [RB][quad] weight vectors */
+        memset(ap, 0, sizeof ap);
+        for (int t0 = 0; t0 < G; t0 += VBLK) {
+            int n = G - t0 < VBLK ? G - t0 : VBLK; /* a multiple of 4 */
+            f16_row(sc, page + L.scale + 2 * (size_t)t0, n);
+            f16_row(mn, page + L.mn + 2 * (size_t)t0, n);
+            float e[RBI];
+            for (int r = 0; r < rb; r++)
+                fold_probs(wv[r][0], &e[r], &mt[r], p + (size_t)(r0 + r) * G + t0, sc, mn, n, bits);
+            const uint8_t *codes = page + L.codes + (size_t)t0 * rowb;
+            size_t ldwv = sizeof wv[0];
+            if (rb == 4) pv_int_rb(ap[0], LDA, wv[0][0], ldwv, e, codes, n, D, bits, 4);
+            else if (rb == 3) pv_int_rb(ap[0], LDA, wv[0][0], ldwv, e, codes, n, D, bits, 3);
+            else if (rb == 2) pv_int_rb(ap[0], LDA, wv[0][0], ldwv, e, codes, n, D, bits, 2);
+            else pv_int_rb(ap[0], LDA, wv[0][0], ldwv, e, codes, n, D, bits, 1);
+        }
+        for (int r = 0; r < rb; r++) {
+            float *ar = acc + (size_t)(r0 + r) * D;
+            __m256 vm = _mm256_set1_ps(mt[r]);
+            int j = 0;
+            for (; j + 8 <= D; j += 8)
+                _mm256_storeu_ps(ar + j, _mm256_add_ps(_mm256_loadu_ps(ar + j), _mm256_add_ps(_mm256_loadu_ps(ap[r] + j), vm)));
+            if (j < D) /* 4 left */
+                _mm_storeu_ps(ar + j, _mm_add_ps(_mm_loadu_ps(ar + j), _mm_add_ps(_mm_loadu_ps(ap[r] + j), _mm256_castps256_ps128(vm))));
+        }
+    }
+}
