@@ -15,7 +15,6 @@
 #include "core/threads.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <time.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -24,13 +23,15 @@
 #include "core/status.h"
 
 /* How long a worker polls for the next job, and the caller for the last
- * worker, before sleeping. Every 64th poll yields the core (another pool's
- * thread, or another process, may be the one that has to run) and reads the
- * clock: the bound is wall time, so on an oversubscribed machine, where one
- * yield can last a time slice, a poller sleeps after its first long yield
- * (a bound in polls made every wait last hundreds of other processes' time
- * slices there: test_capacity ran 30x slower under load). */
-#define SPIN_NS 300000
+ * worker, before sleeping: SPIN_NS_DEFAULT, or KKV_SPIN_US microseconds from
+ * the environment (read when the pool is made; 0 sleeps at once, as a pool
+ * without polling). The bound is wall time, read every 64 polls, and the
+ * poll never yields: on an oversubscribed machine (tests run two to a core
+ * pair) a yielding poller gave its core away for a whole time slice per job
+ * and a test ran 17x slower; a short bound caps the waste at ~20 us per job
+ * while still catching the next matmul of a decode step, microseconds away. */
+#define SPIN_NS_DEFAULT 20000
+#define SPIN_US_MAX     100000
 
 struct kkv_threadpool {
     int             n_workers; /* threads besides the caller */
@@ -47,6 +48,7 @@ struct kkv_threadpool {
     void           *ctx;
     int             n_tasks;
     atomic_int      next;
+    long long       spin_ns;   /* polling bound before sleeping (see SPIN_NS_DEFAULT) */
 };
 
 static inline void cpu_relax(void) {
@@ -61,14 +63,13 @@ static long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
 }
 
-/* 1 while poll i (from 0) is within SPIN_NS of the first; yields and reads
- * the clock every 64th poll only. */
-static inline int still_spinning(int i, long long *t0) {
+/* 1 while poll i (from 0) is within spin_ns of the first; reads the clock
+ * every 64th poll only. */
+static inline int still_spinning(int i, long long *t0, long long spin_ns) {
     if ((i & 63) != 63) return 1;
-    sched_yield();
     long long t = now_ns();
     if (*t0 == 0) *t0 = t;
-    return t - *t0 < SPIN_NS;
+    return t - *t0 < spin_ns;
 }
 
 static void drain(kkv_tp *tp) {
@@ -82,7 +83,7 @@ static void drain(kkv_tp *tp) {
 /* Waits until a job after `seen` is published or the pool quits. */
 static void wait_job(kkv_tp *tp, unsigned long seen) {
     long long t0 = 0;
-    for (int i = 0; still_spinning(i, &t0); i++) {
+    for (int i = 0; still_spinning(i, &t0, tp->spin_ns); i++) {
         if (atomic_load(&tp->generation) != seen || atomic_load(&tp->quit)) return;
         cpu_relax();
     }
@@ -117,6 +118,17 @@ kkv_status kkv_tp_create(kkv_tp **out, int n_threads) {
     return kkv_threadpool_create(out, n_threads);
 }
 
+/* The polling bound: KKV_SPIN_US (0..SPIN_US_MAX microseconds) when set and
+ * valid, else the default. */
+static long long spin_bound_ns(void) {
+    const char *e = getenv("KKV_SPIN_US");
+    if (!e || !*e) return SPIN_NS_DEFAULT;
+    char *end;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 0 || v > SPIN_US_MAX) return SPIN_NS_DEFAULT;
+    return (long long)v * 1000;
+}
+
 kkv_status kkv_threadpool_create(kkv_threadpool **out, int n_threads) {
     if (!out) return kkv_fail(KKV_ERR_INVALID_ARG, "thread pool: NULL output");
     *out = NULL;
@@ -130,6 +142,7 @@ kkv_status kkv_threadpool_create(kkv_threadpool **out, int n_threads) {
         free(tp);
         return kkv_fail(KKV_ERR_NOMEM, "thread pool: out of memory");
     }
+    tp->spin_ns = spin_bound_ns();
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->wake, NULL);
     pthread_cond_init(&tp->done, NULL);
@@ -177,7 +190,7 @@ void kkv_tp_run(kkv_tp *tp, int n_tasks, kkv_task_fn fn, void *ctx) {
     }
     drain(tp);
     long long t0 = 0;
-    for (int i = 0; atomic_load(&tp->busy) > 0 && still_spinning(i, &t0); i++) cpu_relax();
+    for (int i = 0; atomic_load(&tp->busy) > 0 && still_spinning(i, &t0, tp->spin_ns); i++) cpu_relax();
     if (atomic_load(&tp->busy) > 0) {
         pthread_mutex_lock(&tp->mu);
         atomic_store(&tp->caller_waiting, 1);
