@@ -100,27 +100,41 @@ kkv_status kkv_seq_mem(const kkv_cache *c, kkv_mem *out, int seq) {
     return KKV_OK;
 }
 
-kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out) {
-    if (!c || !out) return kkv_fail(KKV_ERR_INVALID_ARG, "cache_mem: NULL argument");
+/* Sums the sequences ss[0..n) into *out: pages held by several of them (and
+ * shared sink blocks) counted once. who names the caller in the error. */
+static kkv_status sum_seqs(const kkv_cache *c, kkv_mem *out, const kkv_seq *const *seqs, int n,
+                           const char *who) {
     size_t n_shared = 0;
-    for (int i = 0; i < c->cfg.max_seqs; i++)
-        for (int l = 0; c->seqs[i].live && l < c->L; l++)
-            n_shared += c->seqs[i].ly[l].sk && c->seqs[i].ly[l].sk->ref > 1;
+    for (int i = 0; i < n; i++)
+        for (int l = 0; l < c->L; l++)
+            n_shared += seqs[i]->ly[l].sk && seqs[i]->ly[l].sk->ref > 1;
     sink_set ss = {NULL, 1};
     while (ss.cap < 2 * n_shared + 2) ss.cap *= 2;
     ss.v = calloc(ss.cap, sizeof *ss.v); /* [cap] */
     uint8_t *seen = calloc((size_t)c->n_made / 8 + 1, 1); /* [n_made] bits */
     if (!seen || !ss.v) {
         free(seen), free(ss.v);
-        return kkv_fail(KKV_ERR_NOMEM, "cache_mem: out of memory");
+        return kkv_fail(KKV_ERR_NOMEM, "%s: out of memory", who);
     }
     uint64_t elems = 0;
     memset(out, 0, sizeof *out);
-    for (int i = 0; i < c->cfg.max_seqs; i++)
-        if (c->seqs[i].live) add_seq(c, &c->seqs[i], out, &elems, seen, &ss);
+    for (int i = 0; i < n; i++) add_seq(c, seqs[i], out, &elems, seen, &ss);
     free(seen);
     free(ss.v);
     finish(out, elems);
+    return KKV_OK;
+}
+
+kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out) {
+    if (!c || !out) return kkv_fail(KKV_ERR_INVALID_ARG, "cache_mem: NULL argument");
+    const kkv_seq **live = malloc(((size_t)c->cfg.max_seqs + 1) * sizeof *live); /* [max_seqs] */
+    if (!live) return kkv_fail(KKV_ERR_NOMEM, "cache_mem: out of memory");
+    int n = 0;
+    for (int i = 0; i < c->cfg.max_seqs; i++)
+        if (c->seqs[i].live) live[n++] = &c->seqs[i];
+    kkv_status st = sum_seqs(c, out, live, n, "cache_mem");
+    free(live);
+    if (st != KKV_OK) return st;
     out->used = c->used;
     out->capacity = c->budget;
     return KKV_OK;
@@ -129,35 +143,23 @@ kkv_status kkv_cache_mem(const kkv_cache *c, kkv_mem *out) {
 kkv_status kkv_seqs_mem(const kkv_cache *c, kkv_mem *out, const int *seqs, int n) {
     if (!c || !out || (n > 0 && !seqs) || n < 0)
         return kkv_fail(KKV_ERR_INVALID_ARG, "seqs_mem: NULL argument or n < 0");
+    const kkv_seq **list = malloc(((size_t)n + 1) * sizeof *list); /* [n] */
+    if (!list) return kkv_fail(KKV_ERR_NOMEM, "seqs_mem: out of memory");
     for (int i = 0; i < n; i++) {
-        if (!kkv_seq_get(c, seqs[i]))
-            return kkv_fail(KKV_ERR_NOT_FOUND, "seqs_mem: no sequence %d", seqs[i]);
-        for (int j = 0; j < i; j++)
-            if (seqs[j] == seqs[i])
-                return kkv_fail(KKV_ERR_INVALID_ARG, "seqs_mem: sequence %d listed twice",
-                                seqs[i]);
-    }
-    /* shared sinks counted once, as in kkv_cache_mem */
-    size_t n_shared = 0;
-    for (int i = 0; i < n; i++)
-        for (int l = 0; l < c->L; l++) {
-            const kkv_lseq *y = &kkv_seq_get(c, seqs[i])->ly[l];
-            n_shared += y->sk && y->sk->ref > 1;
+        list[i] = kkv_seq_get(c, seqs[i]);
+        int dup = 0;
+        for (int j = 0; j < i; j++) dup |= seqs[j] == seqs[i];
+        if (!list[i] || dup) {
+            kkv_status st = !list[i]
+                ? kkv_fail(KKV_ERR_NOT_FOUND, "seqs_mem: no sequence %d", seqs[i])
+                : kkv_fail(KKV_ERR_INVALID_ARG, "seqs_mem: sequence %d listed twice", seqs[i]);
+            free(list);
+            return st;
         }
-    sink_set ss = {NULL, 1};
-    while (ss.cap < 2 * n_shared + 2) ss.cap *= 2;
-    ss.v = calloc(ss.cap, sizeof *ss.v); /* [cap] */
-    uint8_t *seen = calloc((size_t)c->n_made / 8 + 1, 1); /* [n_made] bits */
-    if (!seen || !ss.v) {
-        free(seen), free(ss.v);
-        return kkv_fail(KKV_ERR_NOMEM, "seqs_mem: out of memory");
     }
-    uint64_t elems = 0;
-    memset(out, 0, sizeof *out);
-    for (int i = 0; i < n; i++) add_seq(c, kkv_seq_get(c, seqs[i]), out, &elems, seen, &ss);
-    free(seen);
-    free(ss.v);
-    finish(out, elems);
+    kkv_status st = sum_seqs(c, out, list, n, "seqs_mem");
+    free(list);
+    if (st != KKV_OK) return st;
     out->used = out->capacity;
     return KKV_OK;
 }
