@@ -15,41 +15,23 @@
 Needs only the model: exit 77 (skip) without it unless KKV_REQUIRE_ORACLE is
 set (to anything but 0).
 """
-import argparse
 import csv
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 
+from cli_check import Cli, model_or_exit_code
+
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kittykv", required=True)
-    ap.add_argument("--source-dir", required=True)
-    a = ap.parse_args()
-    model = os.environ.get("KKV_MODEL") or os.path.join(
-        a.source_dir, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.exists(model):
-        if os.environ.get("KKV_REQUIRE_ORACLE", "") not in ("", "0"):
-            print(f"FAIL: no model at {model} (KKV_REQUIRE_ORACLE is set)")
-            return 1
-        print(f"skip: no model at {model}")
-        return 77
+    a = Cli()
+    model, code = model_or_exit_code(a.source_dir)
+    if code is not None:
+        return code
     text = os.path.join(a.source_dir, "data", "handbook.txt")
-    failures = []
-
-    def check(ok, msg):
-        print(("ok   " if ok else "FAIL ") + msg)
-        if not ok:
-            failures.append(msg)
-        return ok
-
-    def run(*args):
-        return subprocess.run([a.kittykv, *args], capture_output=True, text=True,
-                              errors="replace")
+    check, run, failures = a.check, a.run, a.failures
 
     p = run("analyze", "pareto", "--help")
     want = ["--kv LIST", "--points FILE", "--from-eval FILES", "--json", "--score-from",
