@@ -112,8 +112,8 @@ static void test_qk_f16(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
             rand_f16(r, kv, N * D, D, 1.0f);
             rand_f32(r, q, R * D);
             for (int n = 1; n <= N && !tu_failed(); n += (n < 20 ? 1 : 7)) {
-                kkv_ops_scalar.qk_f16(s0, q, R, kv, n, D);
-                k->qk_f16(s1, q, R, kv, n, D);
+                kkv_ops_scalar.qk_f16(s0, q, R, kv, n, D, NULL);
+                k->qk_f16(s1, q, R, kv, n, D, kv);
                 int bad = 0;
                 for (int i = 0; i < R * n; i++) {
                     int rr = i / n, t = i % n;
@@ -141,8 +141,8 @@ static void test_pv_f16(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
                 for (int i = 0; i < R * n; i++) p[i] = fabsf(tu_uniform(r));
                 memcpy(a0, a_in, (size_t)R * D * 4);
                 memcpy(a1, a_in, (size_t)R * D * 4);
-                kkv_ops_scalar.pv_f16(a0, p, R, v, n, D);
-                k->pv_f16(a1, p, R, v, n, D);
+                kkv_ops_scalar.pv_f16(a0, p, R, v, n, D, NULL);
+                k->pv_f16(a1, p, R, v, n, D, v);
                 int bad = 0;
                 for (int i = 0; i < R * D; i++) {
                     int rr = i / D, j = i % D;
