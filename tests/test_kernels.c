@@ -584,6 +584,47 @@ static void test_vnni_exact(const char *name, qk_page_fn qk, pv_page_fn pv, tu_r
 }
 #endif
 
+#if defined(__x86_64__)
+typedef size_t (*plan_bytes_fn)(void);
+typedef void (*plan_fn)(void *, const uint8_t *, int, int, int);
+typedef void (*plan_run_fn)(float *, const float *, int, const uint8_t *, const void *);
+
+/* The key kernel with a plan kept beside the page (built from a copy of the
+ * page at another address) gives exactly qk_page's bytes: every D, G,
+ * n_boost spread, n_rep 1..8, key-range spreads that fill all channel groups. */
+static void test_plan_exact(const char *name, qk_page_fn qk, plan_bytes_fn pb, plan_fn pl,
+                            plan_run_fn run, tu_rng *r) {
+    static const int Gx[] = {4, 12, 20, 128, 256};
+    int n_cmp = 0;
+    void *plan = xmalloc(pb());
+    for (int di = 0; di < NELEM(Ds); di++)
+        for (int gi = 0; gi < NELEM(Gx); gi++) {
+            int D = Ds[di], G = Gx[gi];
+            float *x = xmalloc((size_t)G * D * 4), *q = xmalloc((size_t)8 * D * 4);
+            float *s0 = xmalloc((size_t)8 * G * 4), *s1 = xmalloc((size_t)8 * G * 4);
+            size_t kb = kkv_key_page_bytes(D, G, D);
+            uint8_t *kp = xmalloc(kb), *kc = xmalloc(kb);
+            for (int nb = 0; nb <= D && !tu_failed(); nb += (D <= 12 ? 1 : D / 8 + 1))
+                for (int R = 1; R <= 8; R += (nb % 2 ? 3 : 2)) {
+                    for (int i = 0; i < G * D; i++)
+                        x[i] = tu_normal(r) * ((i % D) % 5 == 2 ? 20.0f : (i % D) % 7 == 3 ? 0.05f : 1.0f);
+                    rand_f32(r, q, R * D);
+                    kkv_key_page_encode(kp, x, D, G, nb, KKV_SELECT_RANDOM, 3, (uint64_t)nb, NULL);
+                    memcpy(kc, kp, kb);
+                    pl(plan, kc, D, G, nb);
+                    memset(kc, 0xA5, kb); /* the plan must not point into the copy */
+                    qk(s0, q, R, kp, D, G, nb);
+                    run(s1, q, R, kp, plan);
+                    CHECK(memcmp(s0, s1, (size_t)R * G * 4) == 0, "%s planned qk_page D=%d G=%d nb=%d n_rep=%d: not bit-identical", name, D, G, nb, R);
+                    n_cmp++;
+                }
+            free(x), free(q), free(s0), free(s1), free(kp), free(kc);
+        }
+    free(plan);
+    printf("kernel %s: %d planned key-page calls bit-identical to qk_page\n", name, n_cmp);
+}
+#endif
+
 static void test_dispatch(void) {
     const kkv_cpu *cpu = kkv_cpu_get();
     kkv_kernel best = kkv_kernel_best();
@@ -669,6 +710,14 @@ int main(void) {
         kkv_avx2_pv_page(a0, p, R, vp, D, G, 2);
         kkv_avx2i_pv_page(a1, p, R, vp, D, G, 2);
         CHECK(memcmp(a0, a1, sizeof a0) == 0, "pv_page with a negative probability: not the float kernel's result");
+    }
+    if (cpu->avx2) {
+        tu_rng r = tu_rng_make(93);
+        test_plan_exact("avx2-int", kkv_avx2i_qk_page, kkv_avx2i_qk_plan_bytes, kkv_avx2i_qk_plan, kkv_avx2i_qk_page_plan, &r);
+    }
+    if (cpu->vnni) {
+        tu_rng r = tu_rng_make(94);
+        test_plan_exact("avx512-vnni", kkv_vnni512_qk_page, kkv_vnni512_qk_plan_bytes, kkv_vnni512_qk_plan, kkv_vnni512_qk_page_plan, &r);
     }
     if (cpu->vnni) {
         tu_rng r = tu_rng_make(91);

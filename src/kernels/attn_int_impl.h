@@ -357,73 +357,27 @@ AI void qk_int_rb(float *s, const int16_t *w, int ldw, const float *d, const flo
 }
 
 
-/* Folded int8 query of one head over a page: f_j = q_j * scale_j, one step
- * per channel group d_g = max_{j in g} |f_j| / 127, qi = rne(f / d_g) (MXCSR
- * default rounding), constant cst = sum q_j mn_j + (sum_j (f_j - d_g qi_j)
- * maxq_j) / 2 (the centring). qi: [D] int32; mq: [D] maxq_j; d: [KGROUPS].
- * Returns 0 when some f_j is not finite. */
-static int fold_query(int32_t *qi, float *d, float *cst, const float *q, const float *scale,
-                      const float *mn, const float *mq, const int32_t *cg32, int gmask, int D) {
-    float f[KKV_MAX_HEAD_DIM + 8], fa[KKV_MAX_HEAD_DIM + 8]; /* padded: whole-vector stores (masked stores are slow on AMD) */
-    float gi[KKV_MAX_HEAD_DIM + 8], gd[KKV_MAX_HEAD_DIM + 8]; /* [D] 1/d_g, d_g of each channel */
-    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 c = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-    for (int j = 0; j < D; j += 8) {
-        __m256i m = lanes(D - j < 8 ? 4 : 8);
-        __m256 qv = _mm256_maskload_ps(q + j, m);
-        __m256 fv = _mm256_mul_ps(qv, _mm256_maskload_ps(scale + j, m));
-        _mm256_storeu_ps(f + j, fv);
-        _mm256_storeu_ps(fa + j, _mm256_and_ps(fv, absm));
-        c = _mm256_fmadd_ps(qv, _mm256_maskload_ps(mn + j, m), c);
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(fv, fv), _mm256_setzero_ps(), _CMP_NEQ_UQ));
-    }
-    if (_mm256_movemask_ps(bad)) return 0; /* inf or NaN */
-    float gm[KGROUPS] = {0};
-    for (int g = 0; g < KGROUPS; g++) {
-        if (!(gmask >> g & 1)) continue;
-        __m256 mx = _mm256_setzero_ps();
-        for (int j = 0; j < D; j += 8) {
-            __m256i m = lanes(D - j < 8 ? 4 : 8);
-            __m256i in = _mm256_cmpeq_epi32(_mm256_maskload_epi32(cg32 + j, m), _mm256_set1_epi32(g));
-            mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_maskload_ps(fa + j, m), _mm256_castsi256_ps(_mm256_and_si256(in, m))));
-        }
-        gm[g] = hmax(mx);
-    }
-    float ginv[KGROUPS];
-    for (int g = 0; g < KGROUPS; g++) {
-        d[g] = gm[g] / 127.0f;
-        ginv[g] = gm[g] > 0.0f ? 127.0f / gm[g] : 0.0f;
-    }
-    __m256 tinv = _mm256_setr_ps(ginv[0], ginv[1], ginv[2], 0, 0, 0, 0, 0);
-    __m256 td = _mm256_setr_ps(d[0], d[1], d[2], 0, 0, 0, 0, 0);
-    for (int j = 0; j < D; j += 8) {
-        __m256i gv = _mm256_loadu_si256((const __m256i *)(const void *)(cg32 + j));
-        _mm256_storeu_ps(gi + j, _mm256_permutevar8x32_ps(tinv, gv));
-        _mm256_storeu_ps(gd + j, _mm256_permutevar8x32_ps(td, gv));
-    }
-    __m256 corr = _mm256_setzero_ps();
-    for (int j = 0; j < D; j += 8) {
-        __m256i m = lanes(D - j < 8 ? 4 : 8);
-        __m256 fv = _mm256_maskload_ps(f + j, m);
-        __m256i x = _mm256_cvtps_epi32(_mm256_mul_ps(fv, _mm256_maskload_ps(gi + j, m))); /* |x| <= 127 */
-        _mm256_storeu_si256((__m256i *)(void *)(qi + j), x);
-        __m256 err = _mm256_fnmadd_ps(_mm256_maskload_ps(gd + j, m), _mm256_cvtepi32_ps(x), fv);
-        corr = _mm256_fmadd_ps(err, _mm256_maskload_ps(mq + j, m), corr);
-    }
-    *cst = hsum(c) + 0.5f * hsum(corr);
-    return 1;
-}
+/* What the key kernel needs of a page besides its codes, derivable from the
+ * page bytes alone: the pair list (as byte offsets into the page, so a plan
+ * serves the page wherever it lies), the largest code and group of every
+ * channel. kqk_plan_of() builds it; KKV_INT_QK builds one per call, a caller
+ * that keeps it beside the page passes it to KKV_INT_QK_RUN. */
+#define KZROW UINT32_MAX /* offset of the zero row */
+typedef struct kqk_plan {
+    int      D, G, nb, n, gmask;
+    uint32_t lo[KPAIRS][2], hi[KPAIRS][2]; /* [pair][2] byte offsets in the page, or KZROW */
+    int16_t  ch[KPAIRS][2];
+    uint8_t  has_hi[KPAIRS], grp[KPAIRS], flush[KPAIRS], first[KPAIRS];
+    float    mq[KKV_MAX_HEAD_DIM + 8];   /* [D] largest code, zero-padded */
+    int32_t  cg32[KKV_MAX_HEAD_DIM + 8]; /* [D] channel group */
+} kqk_plan;
 
-
-void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+static void kqk_plan_of(kqk_plan *K, const uint8_t *page, int D, int G, int nb) {
     kkv_key_layout L = kkv_key_layout_of(D, G, nb);
     const uint8_t *idx = page + L.idx;
-    float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
+    float scale[KKV_MAX_HEAD_DIM]; /* [D] */
     f16_row(scale, page + L.scale, D);
-    f16_row(mn, page + L.mn, D);
-    /* [D] largest code, channel group (as int32 for vector use) */
-    float mq[KKV_MAX_HEAD_DIM + 8], range[KKV_MAX_HEAD_DIM + 8];
-    int32_t cg32[KKV_MAX_HEAD_DIM + 8];
+    float range[KKV_MAX_HEAD_DIM + 8];
     __m256 rm = _mm256_setzero_ps();
     for (int j = 0; j < D; j += 8) {
         __m256i m = lanes(D - j < 8 ? 4 : 8);
@@ -433,7 +387,7 @@ void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D,
         __m256 boosted = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nb), iv));
         __m256 mv = _mm256_blendv_ps(_mm256_set1_ps(3.0f), _mm256_set1_ps(15.0f), boosted);
         __m256 rv = _mm256_and_ps(_mm256_mul_ps(_mm256_loadu_ps(scale + j), mv), _mm256_castsi256_ps(m));
-        _mm256_storeu_ps(mq + j, mv);
+        _mm256_storeu_ps(K->mq + j, mv);
         _mm256_storeu_ps(range + j, rv);
         rm = _mm256_max_ps(rm, rv);
     }
@@ -444,24 +398,130 @@ void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D,
         __m256 rv = _mm256_loadu_ps(range + j);
         __m256i g1 = _mm256_castps_si256(_mm256_cmp_ps(rv, t1, _CMP_LE_OQ));
         __m256i g2 = _mm256_castps_si256(_mm256_cmp_ps(rv, t2, _CMP_LE_OQ));
-        _mm256_storeu_si256((__m256i *)(void *)(cg32 + j), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_add_epi32(g1, g2)));
+        _mm256_storeu_si256((__m256i *)(void *)(K->cg32 + j), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_add_epi32(g1, g2)));
     }
     kpairs P;
-    kpairs_of(&P, page, &L, cg32, D, G, nb);
+    kpairs_of(&P, page, &L, K->cg32, D, G, nb);
+    K->D = D, K->G = G, K->nb = nb, K->n = P.n, K->gmask = P.gmask;
+    for (int p = 0; p < P.n; p++) {
+        for (int e = 0; e < 2; e++) {
+            K->lo[p][e] = P.lo[p][e] == zrow ? KZROW : (uint32_t)(P.lo[p][e] - page);
+            K->hi[p][e] = P.hi[p][e] == zrow ? KZROW : (uint32_t)(P.hi[p][e] - page);
+            K->ch[p][e] = P.ch[p][e];
+        }
+        K->has_hi[p] = P.has_hi[p], K->grp[p] = P.grp[p], K->flush[p] = P.flush[p], K->first[p] = P.first[p];
+    }
+}
+
+/* The pair list of a plan with pointers into this page. */
+static void kpairs_bind(kpairs *P, const kqk_plan *K, const uint8_t *page) {
+    P->n = K->n;
+    P->gmask = K->gmask;
+    for (int p = 0; p < K->n; p++) {
+        for (int e = 0; e < 2; e++) {
+            P->lo[p][e] = K->lo[p][e] == KZROW ? zrow : page + K->lo[p][e];
+            P->hi[p][e] = K->hi[p][e] == KZROW ? zrow : page + K->hi[p][e];
+            P->ch[p][e] = K->ch[p][e];
+        }
+        P->has_hi[p] = K->has_hi[p], P->grp[p] = K->grp[p], P->flush[p] = K->flush[p], P->first[p] = K->first[p];
+    }
+}
+
+/* fold_query for RB heads in one pass over the channels (the page's scale,
+ * zero points, groups loaded once): per head the same lane operations in the
+ * same order, so the same bits. qi: [RB][KKV_MAX_HEAD_DIM + 8]; d:
+ * [RB][KGROUPS]; cst: [RB]. Returns 0 when some f_j of some head is not finite. */
+static int fold_queries(int32_t (*qi)[KKV_MAX_HEAD_DIM + 8], float *d, float *cst, const float *q,
+                        int RB, const float *scale, const float *mn, const float *mq,
+                        const int32_t *cg32, int gmask, int D) {
+    float f[RBI][KKV_MAX_HEAD_DIM + 8], fa[RBI][KKV_MAX_HEAD_DIM + 8]; /* [RB][D] folded query, |.| */
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 c[RBI], bad = _mm256_setzero_ps();
+    for (int r = 0; r < RB; r++) c[r] = _mm256_setzero_ps();
+    for (int j = 0; j < D; j += 8) {
+        __m256i m = lanes(D - j < 8 ? 4 : 8);
+        __m256 sv = _mm256_maskload_ps(scale + j, m), nv = _mm256_maskload_ps(mn + j, m);
+        for (int r = 0; r < RB; r++) {
+            __m256 qv = _mm256_maskload_ps(q + (size_t)r * D + j, m);
+            __m256 fv = _mm256_mul_ps(qv, sv);
+            _mm256_storeu_ps(f[r] + j, fv);
+            _mm256_storeu_ps(fa[r] + j, _mm256_and_ps(fv, absm));
+            c[r] = _mm256_fmadd_ps(qv, nv, c[r]);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(fv, fv), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+        }
+    }
+    if (_mm256_movemask_ps(bad)) return 0; /* inf or NaN */
+    __m256 mx[RBI][KGROUPS];
+    for (int r = 0; r < RB; r++)
+        for (int g = 0; g < KGROUPS; g++) mx[r][g] = _mm256_setzero_ps();
+    for (int j = 0; j < D; j += 8) { /* max is exact: any order gives the same bits */
+        __m256i m = lanes(D - j < 8 ? 4 : 8);
+        __m256i cv = _mm256_maskload_epi32(cg32 + j, m);
+        __m256 in[KGROUPS];
+        for (int g = 0; g < KGROUPS; g++)
+            in[g] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpeq_epi32(cv, _mm256_set1_epi32(g)), m));
+        for (int r = 0; r < RB; r++) {
+            __m256 av = _mm256_maskload_ps(fa[r] + j, m);
+            for (int g = 0; g < KGROUPS; g++) mx[r][g] = _mm256_max_ps(mx[r][g], _mm256_and_ps(av, in[g]));
+        }
+    }
+    __m256 tinv[RBI], td[RBI];
+    for (int r = 0; r < RB; r++) {
+        float gm[KGROUPS] = {0}, ginv[KGROUPS], *dr = d + r * KGROUPS;
+        for (int g = 0; g < KGROUPS; g++)
+            if (gmask >> g & 1) gm[g] = hmax(mx[r][g]);
+        for (int g = 0; g < KGROUPS; g++) {
+            dr[g] = gm[g] / 127.0f;
+            ginv[g] = gm[g] > 0.0f ? 127.0f / gm[g] : 0.0f;
+        }
+        tinv[r] = _mm256_setr_ps(ginv[0], ginv[1], ginv[2], 0, 0, 0, 0, 0);
+        td[r] = _mm256_setr_ps(dr[0], dr[1], dr[2], 0, 0, 0, 0, 0);
+    }
+    __m256 corr[RBI];
+    for (int r = 0; r < RB; r++) corr[r] = _mm256_setzero_ps();
+    for (int j = 0; j < D; j += 8) {
+        __m256i m = lanes(D - j < 8 ? 4 : 8);
+        __m256i gv = _mm256_loadu_si256((const __m256i *)(const void *)(cg32 + j));
+        __m256 mqv = _mm256_maskload_ps(mq + j, m), mf = _mm256_castsi256_ps(m);
+        for (int r = 0; r < RB; r++) {
+            __m256 fv = _mm256_maskload_ps(f[r] + j, m);
+            __m256 gi = _mm256_and_ps(_mm256_permutevar8x32_ps(tinv[r], gv), mf);
+            __m256 gd = _mm256_and_ps(_mm256_permutevar8x32_ps(td[r], gv), mf);
+            __m256i x = _mm256_cvtps_epi32(_mm256_mul_ps(fv, gi)); /* |x| <= 127 */
+            _mm256_storeu_si256((__m256i *)(void *)(qi[r] + j), x);
+            __m256 err = _mm256_fnmadd_ps(gd, _mm256_cvtepi32_ps(x), fv);
+            corr[r] = _mm256_fmadd_ps(err, mqv, corr[r]);
+        }
+    }
+    for (int r = 0; r < RB; r++) cst[r] = hsum(c[r]) + 0.5f * hsum(corr[r]);
+    return 1;
+}
+
+/* Scores of n_rep heads over a key page whose plan K (kqk_plan_of of this
+ * page's bytes) is given. */
+static void qk_page_planned(float *s, const float *q, int n_rep, const uint8_t *page,
+                            const kqk_plan *K) {
+    int D = K->D, G = K->G, nb = K->nb;
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    float scale[KKV_MAX_HEAD_DIM + 8], mn[KKV_MAX_HEAD_DIM + 8]; /* [D] */
+    f16_row(scale, page + L.scale, D);
+    f16_row(mn, page + L.mn, D);
+    kpairs P;
+    kpairs_bind(&P, K, page);
     for (int r0 = 0; r0 < n_rep; r0 += RBI) {
         int rb = n_rep - r0 < RBI ? n_rep - r0 : RBI;
         int16_t w[RBI][KPAIRS]; /* [RB][pair] (qi_a, qi_b) bytes */
         float d[RBI * KGROUPS], cst[RBI];
+        int32_t qi[RBI][KKV_MAX_HEAD_DIM + 8];
+        if (!fold_queries(qi, d, cst, q + (size_t)r0 * D, rb, scale, mn, K->mq, K->cg32, P.gmask, D)) {
+            kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
+            return;
+        }
         for (int r = 0; r < rb; r++) {
-            int32_t qi[KKV_MAX_HEAD_DIM + 8];
-            if (!fold_query(qi, d + r * KGROUPS, &cst[r], q + (size_t)(r0 + r) * D, scale, mn, mq, cg32, P.gmask, D)) {
-                kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
-                return;
-            }
-            qi[D] = 0; /* padding channel */
+            qi[r][D] = 0; /* padding channel */
             for (int p = 0; p < P.n; p++) {
                 int a = P.ch[p][0] < 0 ? D : P.ch[p][0], b = P.ch[p][1] < 0 ? D : P.ch[p][1];
-                w[r][p] = (int16_t)(uint16_t)((uint8_t)(int8_t)qi[a] | (unsigned)(uint8_t)(int8_t)qi[b] << 8);
+                w[r][p] = (int16_t)(uint16_t)((uint8_t)(int8_t)qi[r][a] | (unsigned)(uint8_t)(int8_t)qi[r][b] << 8);
             }
         }
         float *sr = s + (size_t)r0 * G;
@@ -471,6 +531,22 @@ void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D,
         else if (rb == 2) qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 2);
         else qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 1);
     }
+}
+
+size_t KKV_INT_QK_PLAN_BYTES(void) { return sizeof(kqk_plan); }
+
+void KKV_INT_QK_PLAN(void *plan, const uint8_t *page, int D, int G, int nb) {
+    kqk_plan_of(plan, page, D, G, nb);
+}
+
+void KKV_INT_QK_RUN(float *s, const float *q, int n_rep, const uint8_t *page, const void *plan) {
+    qk_page_planned(s, q, n_rep, page, plan);
+}
+
+void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    kqk_plan K;
+    kqk_plan_of(&K, page, D, G, nb);
+    qk_page_planned(s, q, n_rep, page, &K);
 }
 
 /* ================================================================ values */
