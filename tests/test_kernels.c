@@ -585,9 +585,9 @@ static void test_vnni_exact(const char *name, qk_page_fn qk, pv_page_fn pv, tu_r
 #endif
 
 #if defined(__x86_64__)
-typedef size_t (*plan_bytes_fn)(void);
-typedef void (*plan_fn)(void *, const uint8_t *, int, int, int);
-typedef void (*plan_run_fn)(float *, const float *, int, const uint8_t *, const void *);
+typedef size_t (*plan_bytes_fn)(int);
+typedef void (*plan_fn)(uint8_t *, const uint8_t *, int, int, int);
+typedef void (*plan_run_fn)(float *, const float *, int, const uint8_t *, const uint8_t *, int, int, int);
 
 /* The key kernel with a plan kept beside the page (built from a copy of the
  * page at another address) gives exactly qk_page's bytes: every D, G,
@@ -596,7 +596,7 @@ static void test_plan_exact(const char *name, qk_page_fn qk, plan_bytes_fn pb, p
                             plan_run_fn run, tu_rng *r) {
     static const int Gx[] = {4, 12, 20, 128, 256};
     int n_cmp = 0;
-    void *plan = xmalloc(pb());
+    uint8_t *plan = xmalloc(pb(256));
     for (int di = 0; di < NELEM(Ds); di++)
         for (int gi = 0; gi < NELEM(Gx); gi++) {
             int D = Ds[di], G = Gx[gi];
@@ -611,10 +611,11 @@ static void test_plan_exact(const char *name, qk_page_fn qk, plan_bytes_fn pb, p
                     rand_f32(r, q, R * D);
                     kkv_key_page_encode(kp, x, D, G, nb, KKV_SELECT_RANDOM, 3, (uint64_t)nb, NULL);
                     memcpy(kc, kp, kb);
+                    memset(plan, 0xA5, pb(D));
                     pl(plan, kc, D, G, nb);
                     memset(kc, 0xA5, kb); /* the plan must not point into the copy */
                     qk(s0, q, R, kp, D, G, nb);
-                    run(s1, q, R, kp, plan);
+                    run(s1, q, R, kp, plan, D, G, nb);
                     CHECK(memcmp(s0, s1, (size_t)R * G * 4) == 0, "%s planned qk_page D=%d G=%d nb=%d n_rep=%d: not bit-identical", name, D, G, nb, R);
                     n_cmp++;
                 }

@@ -357,26 +357,12 @@ AI void qk_int_rb(float *s, const int16_t *w, int ldw, const float *d, const flo
 }
 
 
-/* What the key kernel needs of a page besides its codes, derivable from the
- * page bytes alone: the pair list (as byte offsets into the page, so a plan
- * serves the page wherever it lies), the largest code and group of every
- * channel. kqk_plan_of() builds it; KKV_INT_QK builds one per call, a caller
- * that keeps it beside the page passes it to KKV_INT_QK_RUN. */
-#define KZROW UINT32_MAX /* offset of the zero row */
-typedef struct kqk_plan {
-    int      D, G, nb, n, gmask;
-    uint32_t lo[KPAIRS][2], hi[KPAIRS][2]; /* [pair][2] byte offsets in the page, or KZROW */
-    int16_t  ch[KPAIRS][2];
-    uint8_t  has_hi[KPAIRS], grp[KPAIRS], flush[KPAIRS], first[KPAIRS];
-    float    mq[KKV_MAX_HEAD_DIM + 8];   /* [D] largest code, zero-padded */
-    int32_t  cg32[KKV_MAX_HEAD_DIM + 8]; /* [D] channel group */
-} kqk_plan;
-
-static void kqk_plan_of(kqk_plan *K, const uint8_t *page, int D, int G, int nb) {
-    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
-    const uint8_t *idx = page + L.idx;
-    float scale[KKV_MAX_HEAD_DIM]; /* [D] */
-    f16_row(scale, page + L.scale, D);
+/* Largest code mq and channel group cg32 of every channel of a key page
+ * ([D], written 8 at a time: D + 4 entries are touched). Groups by key range
+ * r_j = scale_j * mq_j: 0 within 4x of the largest range, 1 within 16x, 2
+ * the rest. */
+static void key_groups(float *mq, int32_t *cg32, const float *scale, const uint8_t *idx, int D,
+                       int nb) {
     float range[KKV_MAX_HEAD_DIM + 8];
     __m256 rm = _mm256_setzero_ps();
     for (int j = 0; j < D; j += 8) {
@@ -387,43 +373,85 @@ static void kqk_plan_of(kqk_plan *K, const uint8_t *page, int D, int G, int nb) 
         __m256 boosted = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nb), iv));
         __m256 mv = _mm256_blendv_ps(_mm256_set1_ps(3.0f), _mm256_set1_ps(15.0f), boosted);
         __m256 rv = _mm256_and_ps(_mm256_mul_ps(_mm256_loadu_ps(scale + j), mv), _mm256_castsi256_ps(m));
-        _mm256_storeu_ps(K->mq + j, mv);
+        _mm256_storeu_ps(mq + j, mv);
         _mm256_storeu_ps(range + j, rv);
         rm = _mm256_max_ps(rm, rv);
     }
     float rmax = hmax(rm);
-    /* group: 0 within 4x of the largest range, 1 within 16x, 2 the rest */
     __m256 t1 = _mm256_set1_ps(rmax * 0.25f), t2 = _mm256_set1_ps(rmax * 0.0625f);
     for (int j = 0; j < D; j += 8) {
         __m256 rv = _mm256_loadu_ps(range + j);
         __m256i g1 = _mm256_castps_si256(_mm256_cmp_ps(rv, t1, _CMP_LE_OQ));
         __m256i g2 = _mm256_castps_si256(_mm256_cmp_ps(rv, t2, _CMP_LE_OQ));
-        _mm256_storeu_si256((__m256i *)(void *)(K->cg32 + j), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_add_epi32(g1, g2)));
-    }
-    kpairs P;
-    kpairs_of(&P, page, &L, K->cg32, D, G, nb);
-    K->D = D, K->G = G, K->nb = nb, K->n = P.n, K->gmask = P.gmask;
-    for (int p = 0; p < P.n; p++) {
-        for (int e = 0; e < 2; e++) {
-            K->lo[p][e] = P.lo[p][e] == zrow ? KZROW : (uint32_t)(P.lo[p][e] - page);
-            K->hi[p][e] = P.hi[p][e] == zrow ? KZROW : (uint32_t)(P.hi[p][e] - page);
-            K->ch[p][e] = P.ch[p][e];
-        }
-        K->has_hi[p] = P.has_hi[p], K->grp[p] = P.grp[p], K->flush[p] = P.flush[p], K->first[p] = P.first[p];
+        _mm256_storeu_si256((__m256i *)(void *)(cg32 + j), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_add_epi32(g1, g2)));
     }
 }
 
-/* The pair list of a plan with pointers into this page. */
-static void kpairs_bind(kpairs *P, const kqk_plan *K, const uint8_t *page) {
-    P->n = K->n;
-    P->gmask = K->gmask;
-    for (int p = 0; p < K->n; p++) {
+/* A key page's plan: what the kernel derives from the page bytes besides the
+ * codes, kept so a caller can compute it once per page and keep it beside
+ * the page (it is never part of the page format: it is derivable). Bytes:
+ *   [0] pairs n, [1] group mask, [2, 2 + 2n) the pairs' channels,
+ *   [2 + 2n, 2 + 3n) pair flags (PL_*), then [D] channel groups.
+ * Position-independent (channel numbers, not addresses): a plan serves the
+ * page's bytes wherever they lie. */
+enum { PL_HI = 1, PL_GRP = 2 /* 2 bits */, PL_FLUSH = 8, PL_FIRST = 16, PL_PAD0 = 32, PL_PAD1 = 64 };
+#define QK_PLAN_BYTES(D) (2 + 3 * ((D) / 2 + 3 * KGROUPS + 1) + (D))
+
+static void kqk_plan_of(uint8_t *plan, const uint8_t *page, int D, int G, int nb) {
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    float scale[KKV_MAX_HEAD_DIM + 8], mq[KKV_MAX_HEAD_DIM + 8];
+    int32_t cg32[KKV_MAX_HEAD_DIM + 8];
+    f16_row(scale, page + L.scale, D);
+    key_groups(mq, cg32, scale, page + L.idx, D, nb);
+    kpairs P;
+    kpairs_of(&P, page, &L, cg32, D, G, nb);
+    uint8_t *ch = plan + 2, *fl = ch + 2 * P.n, *cg = fl + P.n;
+    plan[0] = (uint8_t)P.n;
+    plan[1] = (uint8_t)P.gmask;
+    for (int p = 0; p < P.n; p++) {
+#ifdef KKV_INT_DPBUSD
+        P.flush[p] = 0; /* no widening schedule: kpairs_of leaves it unset */
+#endif
+        ch[2 * p] = (uint8_t)(P.ch[p][0] < 0 ? 0 : P.ch[p][0]);
+        ch[2 * p + 1] = (uint8_t)(P.ch[p][1] < 0 ? 0 : P.ch[p][1]);
+        fl[p] = (uint8_t)(P.has_hi[p] * PL_HI | P.grp[p] * PL_GRP | P.flush[p] * PL_FLUSH | P.first[p] * PL_FIRST |
+                          (P.ch[p][0] < 0) * PL_PAD0 | (P.ch[p][1] < 0) * PL_PAD1);
+    }
+    for (int j = 0; j < D; j++) cg[j] = (uint8_t)cg32[j];
+}
+
+/* The pair list, largest codes and groups of a page from its plan: the
+ * same values kpairs_of() and key_groups() give. */
+static void kpairs_bind(kpairs *P, float *mq, int32_t *cg32, const uint8_t *plan,
+                        const uint8_t *page, const kkv_key_layout *L, int D, int G, int nb) {
+    size_t row = (size_t)G / 4;
+    const uint8_t *idx = page + L->idx;
+    int n = plan[0];
+    const uint8_t *ch = plan + 2, *fl = ch + 2 * n, *cg = fl + n;
+    P->n = n;
+    P->gmask = plan[1];
+    for (int p = 0; p < n; p++) {
+        int f = fl[p];
         for (int e = 0; e < 2; e++) {
-            P->lo[p][e] = K->lo[p][e] == KZROW ? zrow : page + K->lo[p][e];
-            P->hi[p][e] = K->hi[p][e] == KZROW ? zrow : page + K->hi[p][e];
-            P->ch[p][e] = K->ch[p][e];
+            int j = ch[2 * p + e], pad = f >> (5 + e) & 1;
+            P->ch[p][e] = (int16_t)(pad ? -1 : j);
+            P->lo[p][e] = pad ? zrow : page + L->lo + (size_t)j * row;
+            P->hi[p][e] = !pad && (f & PL_HI) && idx[j] < nb ? page + L->hi + (size_t)idx[j] * row : zrow;
         }
-        P->has_hi[p] = K->has_hi[p], P->grp[p] = K->grp[p], P->flush[p] = K->flush[p], P->first[p] = K->first[p];
+        P->has_hi[p] = (uint8_t)(f & PL_HI);
+        P->grp[p] = (uint8_t)(f >> 1 & 3);
+        P->flush[p] = (uint8_t)(f >> 3 & 1);
+        P->first[p] = (uint8_t)(f >> 4 & 1);
+    }
+    for (int j = 0; j < D; j += 8) {
+        __m256i m = lanes(D - j < 8 ? 4 : 8);
+        uint64_t ib = 0, gb = 0;
+        memcpy(&ib, idx + j, D - j < 8 ? 4 : 8);
+        memcpy(&gb, cg + j, D - j < 8 ? 4 : 8);
+        __m256i iv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)ib));
+        __m256 boosted = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nb), iv));
+        _mm256_storeu_ps(mq + j, _mm256_blendv_ps(_mm256_set1_ps(3.0f), _mm256_set1_ps(15.0f), boosted));
+        _mm256_storeu_si256((__m256i *)(void *)(cg32 + j), _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)gb)), m));
     }
 }
 
@@ -497,56 +525,64 @@ static int fold_queries(int32_t (*qi)[KKV_MAX_HEAD_DIM + 8], float *d, float *cs
     return 1;
 }
 
-/* Scores of n_rep heads over a key page whose plan K (kqk_plan_of of this
- * page's bytes) is given. */
-static void qk_page_planned(float *s, const float *q, int n_rep, const uint8_t *page,
-                            const kqk_plan *K) {
-    int D = K->D, G = K->G, nb = K->nb;
+/* Scores of n_rep heads over a key page, given its pair list P, largest
+ * codes mq and groups cg32 (from the page, or from its plan). */
+static void qk_scores(float *s, const float *q, int n_rep, const uint8_t *page, const kpairs *P,
+                      const float *mq, const int32_t *cg32, int D, int G, int nb) {
     kkv_key_layout L = kkv_key_layout_of(D, G, nb);
     float scale[KKV_MAX_HEAD_DIM + 8], mn[KKV_MAX_HEAD_DIM + 8]; /* [D] */
     f16_row(scale, page + L.scale, D);
     f16_row(mn, page + L.mn, D);
-    kpairs P;
-    kpairs_bind(&P, K, page);
     for (int r0 = 0; r0 < n_rep; r0 += RBI) {
         int rb = n_rep - r0 < RBI ? n_rep - r0 : RBI;
         int16_t w[RBI][KPAIRS]; /* [RB][pair] (qi_a, qi_b) bytes */
         float d[RBI * KGROUPS], cst[RBI];
         int32_t qi[RBI][KKV_MAX_HEAD_DIM + 8];
-        if (!fold_queries(qi, d, cst, q + (size_t)r0 * D, rb, scale, mn, K->mq, K->cg32, P.gmask, D)) {
+        if (!fold_queries(qi, d, cst, q + (size_t)r0 * D, rb, scale, mn, mq, cg32, P->gmask, D)) {
             kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
             return;
         }
         for (int r = 0; r < rb; r++) {
             qi[r][D] = 0; /* padding channel */
-            for (int p = 0; p < P.n; p++) {
-                int a = P.ch[p][0] < 0 ? D : P.ch[p][0], b = P.ch[p][1] < 0 ? D : P.ch[p][1];
+            for (int p = 0; p < P->n; p++) {
+                int a = P->ch[p][0] < 0 ? D : P->ch[p][0], b = P->ch[p][1] < 0 ? D : P->ch[p][1];
                 w[r][p] = (int16_t)(uint16_t)((uint8_t)(int8_t)qi[r][a] | (unsigned)(uint8_t)(int8_t)qi[r][b] << 8);
             }
         }
         float *sr = s + (size_t)r0 * G;
         const int ldw = KPAIRS;
-        if (rb == 4) qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 4);
-        else if (rb == 3) qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 3);
-        else if (rb == 2) qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 2);
-        else qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 1);
+        if (rb == 4) qk_int_rb(sr, w[0], ldw, d, cst, P, G, 4);
+        else if (rb == 3) qk_int_rb(sr, w[0], ldw, d, cst, P, G, 3);
+        else if (rb == 2) qk_int_rb(sr, w[0], ldw, d, cst, P, G, 2);
+        else qk_int_rb(sr, w[0], ldw, d, cst, P, G, 1);
     }
 }
 
-size_t KKV_INT_QK_PLAN_BYTES(void) { return sizeof(kqk_plan); }
+size_t KKV_INT_QK_PLAN_BYTES(int D) { return QK_PLAN_BYTES(D); }
 
-void KKV_INT_QK_PLAN(void *plan, const uint8_t *page, int D, int G, int nb) {
+void KKV_INT_QK_PLAN(uint8_t *plan, const uint8_t *page, int D, int G, int nb) {
     kqk_plan_of(plan, page, D, G, nb);
 }
 
-void KKV_INT_QK_RUN(float *s, const float *q, int n_rep, const uint8_t *page, const void *plan) {
-    qk_page_planned(s, q, n_rep, page, plan);
+void KKV_INT_QK_RUN(float *s, const float *q, int n_rep, const uint8_t *page, const uint8_t *plan,
+                    int D, int G, int nb) {
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    float mq[KKV_MAX_HEAD_DIM + 8];
+    int32_t cg32[KKV_MAX_HEAD_DIM + 8];
+    kpairs P;
+    kpairs_bind(&P, mq, cg32, plan, page, &L, D, G, nb);
+    qk_scores(s, q, n_rep, page, &P, mq, cg32, D, G, nb);
 }
 
 void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
-    kqk_plan K;
-    kqk_plan_of(&K, page, D, G, nb);
-    qk_page_planned(s, q, n_rep, page, &K);
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    float scale[KKV_MAX_HEAD_DIM + 8], mq[KKV_MAX_HEAD_DIM + 8];
+    int32_t cg32[KKV_MAX_HEAD_DIM + 8];
+    f16_row(scale, page + L.scale, D);
+    key_groups(mq, cg32, scale, page + L.idx, D, nb);
+    kpairs P;
+    kpairs_of(&P, page, &L, cg32, D, G, nb);
+    qk_scores(s, q, n_rep, page, &P, mq, cg32, D, G, nb);
 }
 
 /* ================================================================ values */
