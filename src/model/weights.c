@@ -553,9 +553,32 @@ static int is_quant(uint32_t type) { return type != KKV_WT_F32 && type != KKV_WT
  * and any neighbours. */
 #define MM_ROW_TILE 16
 
+/* Software prefetch of the weight stream: the first MM_PF_BYTES of a task at
+ * once, then MM_PF_BYTES ahead of the next row. A task is a short stream (12-26
+ * KB for a decode step's Q/K/V at 2 threads), too short for the hardware
+ * prefetcher to ramp up: without this Q/K/V ran at 7 GB/s on one core and
+ * took 1.36 against 1.54 ms per token on two (SmolLM2-135M), with it 0.69.
+ * 2048 bytes measured best of 0 (next row only), 1024, 2048, 4096 and 8192;
+ * the non-temporal hint (the weights are read once per step) kept one thread
+ * as fast as without prefetching, where the all-levels hint cost it 4% and
+ * the L2 hint 11%. Speed only: prefetches change no result. */
+#define MM_PF_BYTES 2048
+#define MM_LINE 64
+
+static inline void prefetch_range(const uint8_t *p, const uint8_t *end) {
+    for (; p < end; p += MM_LINE) __builtin_prefetch(p, 0, 0);
+}
+
 static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
     const kkv_weight *w = c->w;
     size_t nb = (size_t)(w->cols / 32);
+    const uint8_t *base = (const uint8_t *)w->data;
+    const uint8_t *stream_end = base + (size_t)r1 * w->row_bytes;
+    /* the head of the task's stream at once, then MM_PF_BYTES ahead per row */
+    const uint8_t *pf = base + (size_t)r0 * w->row_bytes;
+    const uint8_t *pf_to = pf + MM_PF_BYTES < stream_end ? pf + MM_PF_BYTES : stream_end;
+    prefetch_range(pf, pf_to);
+    pf = pf_to;
     for (int64_t t0 = r0; t0 < r1; t0 += MM_ROW_TILE) {
         int64_t t1 = t0 + MM_ROW_TILE < r1 ? t0 + MM_ROW_TILE : r1;
         for (int j0 = 0; j0 < c->n; j0 += KKV_WT_NX) {
@@ -568,6 +591,14 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
             }
             for (int64_t r = t0; r < t1; r++) {
                 const void *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+                if (pf < stream_end) { /* keep MM_PF_BYTES ahead of the row after this one */
+                    const uint8_t *want = (const uint8_t *)row + w->row_bytes + MM_PF_BYTES;
+                    pf_to = want < stream_end ? want : stream_end;
+                    if (pf_to > pf) {
+                        prefetch_range(pf, pf_to);
+                        pf = pf_to;
+                    }
+                }
                 float res[KKV_WT_NX];
                 if (c->xq) c->k->dot_q(res, w->type, row, w->cols, xq, nx);
                 else c->k->dot_f(res, w->type, row, w->cols, xf, nx);

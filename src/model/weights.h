@@ -110,8 +110,10 @@ typedef struct kkv_q8x {
 void kkv_q8x_quantize(kkv_q8x *dst, const float *x, int64_t cols);
 
 /* Internal kernel table (one per impl): dot products of one weight row with
- * nx <= KKV_WT_NX activation vectors. res[j] = row . x_j. */
-#define KKV_WT_NX 4
+ * nx <= KKV_WT_NX activation vectors. res[j] = row . x_j. A batch decodes
+ * each weight block once per group of KKV_WT_NX columns (8: 5% more tok/s
+ * at batch 10 than 4; one ymm accumulator per column fits the 16 registers). */
+#define KKV_WT_NX 8
 typedef struct kkv_wt_kernels {
     /* quantized types: xq[j] points to [cols/32] blocks */
     void (*dot_q)(float *res, uint32_t type, const void *row, int64_t cols,

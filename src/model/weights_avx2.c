@@ -114,6 +114,14 @@ static inline int q3k_scale(const uint8_t *blk, int s) {
     return (lo | hi << 4) - 32;
 }
 
+/* (d_w * d_x) in 8 lanes: the lane-wise product of the broadcast d_w and a
+ * broadcast load of d_x, the same fp32 product as the scalar d * x->d, in one
+ * multiply per column instead of a scalar multiply and a broadcast (the
+ * per-column work is what a batch repeats). */
+static inline __m256 scale_of(__m256 dv, const kkv_q8x *x) {
+    return _mm256_mul_ps(dv, _mm256_broadcast_ss(&x->d));
+}
+
 /* One weight row against nx activation vectors; always_inline so each nx
  * gets its own unrolled copy. */
 static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t type, const uint8_t *row,
@@ -133,10 +141,11 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             const uint8_t *wb = row + 18 * b;
             __m256i w = _mm256_sub_epi8(unpack_nibbles(wb + 2), _mm256_set1_epi8(8));
             float d = f16_at(wb);
+            const __m256 dv = _mm256_set1_ps(d);
             for (int j = 0; j < nx; j++) {
                 const kkv_q8x *x = &xq[j][b];
                 __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), ones);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
             }
         }
         break;
@@ -145,11 +154,12 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             const uint8_t *wb = row + 20 * b;
             __m256i w = unpack_nibbles(wb + 4);
             float d = f16_at(wb), m = f16_at(wb + 2);
+            const __m256 dv = _mm256_set1_ps(d);
             for (int j = 0; j < nx; j++) {
                 const kkv_q8x *x = &xq[j][b];
                 __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x->q));
                 __m256i s = _mm256_madd_epi16(p, ones);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
                 accm[j] += m * x->s;
             }
         }
@@ -159,10 +169,11 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             const uint8_t *wb = row + 34 * b;
             __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 2));
             float d = f16_at(wb);
+            const __m256 dv = _mm256_set1_ps(d);
             for (int j = 0; j < nx; j++) {
                 const kkv_q8x *x = &xq[j][b];
                 __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), ones);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
             }
         }
         break;
@@ -175,10 +186,11 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             /* pair sums 0..7 come from values 0..15 (scale 2k), 8..15 from 16..31 */
             __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
             float d = f16_at(wb + 208);
+            const __m256 dv = _mm256_set1_ps(d);
             for (int j = 0; j < nx; j++) {
                 const kkv_q8x *x = &xq[j][b];
                 __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), scales);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
             }
         }
         break;
@@ -187,10 +199,11 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             const uint8_t *wb = row + 22 * b;
             __m256i w = _mm256_sub_epi8(q5_block(wb + 2, wb + 6), _mm256_set1_epi8(16));
             float d = f16_at(wb);
+            const __m256 dv = _mm256_set1_ps(d);
             for (int j = 0; j < nx; j++) {
                 const kkv_q8x *x = &xq[j][b];
                 __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), ones);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
             }
         }
         break;
@@ -199,11 +212,12 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             const uint8_t *wb = row + 24 * b;
             __m256i w = q5_block(wb + 4, wb + 8);
             float d = f16_at(wb), m = f16_at(wb + 2);
+            const __m256 dv = _mm256_set1_ps(d);
             for (int j = 0; j < nx; j++) {
                 const kkv_q8x *x = &xq[j][b];
                 __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x->q));
                 __m256i s = _mm256_madd_epi16(p, ones);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
                 accm[j] += m * x->s;
             }
         }
@@ -217,11 +231,12 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             int m0 = wb[2 * k] >> 4, m1 = wb[2 * k + 1] >> 4;
             __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short)sc1), _mm_set1_epi16((short)sc0));
             float d = f16_at(wb + 80), dmin = f16_at(wb + 82);
+            const __m256 dv = _mm256_set1_ps(d);
             for (int j = 0; j < nx; j++) {
                 const kkv_q8x *x = &xq[j][b];
                 __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x->q));
                 __m256i s = _mm256_madd_epi16(p, scales);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
                 int32_t mins = m0 * x->isum16 + m1 * (x->isum - x->isum16);
                 accm[j] -= (dmin * x->d) * (float)mins;
             }
@@ -235,6 +250,7 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             short scl[16];
             for (int s = 0; s < 16; s++) scl[s] = (short)q3k_scale(wb, s);
             float d = f16_at(wb + 108);
+            const __m256 dv = _mm256_set1_ps(d);
             for (int k = 0; k < 8; k++) {
                 int64_t b = 8 * sb + k;
                 __m256i w = q3k_block(wb, k);
@@ -242,7 +258,7 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
                 for (int j = 0; j < nx; j++) {
                     const kkv_q8x *x = &xq[j][b];
                     __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), scales);
-                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
                 }
             }
         }
@@ -256,6 +272,7 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             int sc[8], mn[8];
             for (int k = 0; k < 8; k++) k4_scale_min(wb + 4, k, &sc[k], &mn[k]);
             float d = f16_at(wb), dmin = f16_at(wb + 2);
+            const __m256 dv = _mm256_set1_ps(d);
             for (int k = 0; k < 8; k++) {
                 int64_t b = 8 * sb + k;
                 __m256i w = q45k_block(wb, k, five);
@@ -264,7 +281,7 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
                     const kkv_q8x *x = &xq[j][b];
                     __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x->q));
                     __m256i s = _mm256_madd_epi16(p, scales);
-                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(s), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
                     accm[j] -= (dmin * x->d) * (float)(mn[k] * x->isum);
                 }
             }
@@ -282,7 +299,11 @@ static void avx2_dot_q(float *res, uint32_t type, const void *row, int64_t cols,
     case 1: dot_q_nx(res, type, row, cols, xq, 1); break;
     case 2: dot_q_nx(res, type, row, cols, xq, 2); break;
     case 3: dot_q_nx(res, type, row, cols, xq, 3); break;
-    default: dot_q_nx(res, type, row, cols, xq, 4); break;
+    case 4: dot_q_nx(res, type, row, cols, xq, 4); break;
+    case 5: dot_q_nx(res, type, row, cols, xq, 5); break;
+    case 6: dot_q_nx(res, type, row, cols, xq, 6); break;
+    case 7: dot_q_nx(res, type, row, cols, xq, 7); break;
+    default: dot_q_nx(res, type, row, cols, xq, 8); break;
     }
 }
 
