@@ -293,6 +293,15 @@ static void test_kernels(void) {
                     CHECK(kkv_matmul_ex(NULL, os, &w, x, n, KKV_WT_IMPL_SCALAR) == KKV_OK, "scalar");
                     if (have_avx2) {
                         CHECK(kkv_matmul_ex(tp3, oa, &w, x, n, KKV_WT_IMPL_AVX2) == KKV_OK, "avx2");
+                        /* auto takes the VNNI build where the CPU has one: the
+                         * same bits as AVX2 (KKV_CPU=avx2 makes auto AVX2) */
+                        float *ov = malloc(sizeof(float) * (size_t)n * (size_t)rows);
+                        CHECK(kkv_matmul_ex(tp3, ov, &w, x, n, KKV_WT_IMPL_AUTO) == KKV_OK, "auto");
+                        CHECK(memcmp(ov, oa, sizeof(float) * (size_t)n * (size_t)rows) == 0,
+                              "%s %lldx%lld n=%d: auto kernels (vnni %d, avx-vnni %d) differ from avx2",
+                              kkv_wt_name(type), (long long)rows, (long long)cols, n,
+                              kkv_cpu_get()->vnni, kkv_cpu_get()->avxvnni);
+                        free(ov);
                     }
                     for (int j = 0; j < n; j++) {
                         for (int64_t r = 0; r < rows; r++) {

@@ -649,6 +649,9 @@ static const kkv_wt_kernels *pick_kernels(kkv_wt_impl impl) {
 #endif
     case KKV_WT_IMPL_AUTO:
 #if defined(__x86_64__) || defined(__i386__)
+        /* the VNNI builds give the AVX2 kernels' bits, faster */
+        if (kkv_cpu_get()->vnni) return &kkv_wt_kernels_vnni;
+        if (kkv_cpu_get()->avxvnni) return &kkv_wt_kernels_avxvnni;
         if (kkv_cpu_get()->avx2) return &kkv_wt_kernels_avx2;
 #endif
         return &kkv_wt_kernels_scalar;

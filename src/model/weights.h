@@ -126,6 +126,9 @@ typedef struct kkv_wt_kernels {
 extern const kkv_wt_kernels kkv_wt_kernels_scalar;
 #if defined(__x86_64__) || defined(__i386__)
 extern const kkv_wt_kernels kkv_wt_kernels_avx2;
+/* The AVX2 kernels with vpdpbusd (AVX-512 VNNI / AVX-VNNI): bit-identical. */
+extern const kkv_wt_kernels kkv_wt_kernels_vnni;
+extern const kkv_wt_kernels kkv_wt_kernels_avxvnni;
 #endif
 
 #endif
