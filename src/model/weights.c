@@ -528,7 +528,7 @@ static void scalar_dot_f(float *res, uint32_t type, const void *row, int64_t col
     }
 }
 
-const kkv_wt_kernels kkv_wt_kernels_scalar = {scalar_dot_q, scalar_dot_f};
+const kkv_wt_kernels kkv_wt_kernels_scalar = {scalar_dot_q, scalar_dot_f, kkv_q8x_quantize};
 
 /* ---- matmul driver ---- */
 
@@ -749,7 +749,7 @@ kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const floa
             return kkv_fail(KKV_ERR_NOMEM, "matmul: activation scratch too large");
         xq = malloc((size_t)n * nb * sizeof *xq);
         if (!xq) return kkv_fail(KKV_ERR_NOMEM, "matmul: out of memory for %d activation rows", n);
-        for (int j = 0; j < n; j++) kkv_q8x_quantize(xq + (size_t)j * nb, x + (size_t)j * (size_t)w->cols, w->cols);
+        for (int j = 0; j < n; j++) k->quantize(xq + (size_t)j * nb, x + (size_t)j * (size_t)w->cols, w->cols);
     }
     mm_ctx c = {k, w, out, x, xq, n, rows_per_task(tp, w->rows, n), NULL, 0, 0};
     int64_t tasks = plan_big(&c, tp);
@@ -803,7 +803,7 @@ kkv_status kkv_matmul_multi(kkv_tp *tp, int nw, float *const *out, const kkv_wei
             return kkv_fail(KKV_ERR_NOMEM, "matmul: activation scratch too large");
         xq = malloc((size_t)n * nb * sizeof *xq);
         if (!xq) return kkv_fail(KKV_ERR_NOMEM, "matmul: out of memory for %d activation rows", n);
-        for (int j = 0; j < n; j++) kkv_q8x_quantize(xq + (size_t)j * nb, x + (size_t)j * (size_t)w[0]->cols, w[0]->cols);
+        for (int j = 0; j < n; j++) k->quantize(xq + (size_t)j * nb, x + (size_t)j * (size_t)w[0]->cols, w[0]->cols);
     }
     mm_multi M = {.nw = nw};
     int64_t total = 0;

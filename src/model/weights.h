@@ -121,6 +121,8 @@ typedef struct kkv_wt_kernels {
     /* F32/F16: xf[j] points to [cols] floats */
     void (*dot_f)(float *res, uint32_t type, const void *row, int64_t cols,
                   const float *const *xf, int nx);
+    /* kkv_q8x_quantize, byte for byte (the SIMD tables vectorize it) */
+    void (*quantize)(kkv_q8x *dst, const float *x, int64_t cols);
 } kkv_wt_kernels;
 
 extern const kkv_wt_kernels kkv_wt_kernels_scalar;

@@ -377,6 +377,62 @@ static void avx2_dot_f(float *res, uint32_t type, const void *rowv, int64_t cols
     }
 }
 
-const kkv_wt_kernels KKV_WT_TABLE = {avx2_dot_q, avx2_dot_f};
+/* kkv_q8x_quantize with 8 lanes, byte for byte: the lane operations are the
+ * scalar code's (|v| and max are exact, d and 1 / d are computed as there, q
+ * = v * id rounded with the same 1.5 * 2^23 addition and clamped; the integer
+ * sums are exact). A block whose scale is not a normal float (an all-zero,
+ * tiny or non-finite block: 1 / d may overflow there) goes to the scalar
+ * code, so the vector path only sees |v * id| <= 127 (+ rounding). */
+static void avx2_quantize(kkv_q8x *dst, const float *x, int64_t cols) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), magic = _mm256_set1_ps(12582912.0f);
+    const __m256 lim = _mm256_set1_ps(127.0f), nlim = _mm256_set1_ps(-127.0f);
+    for (int64_t b = 0; b < cols / 32; b++) {
+        const float *v = x + 32 * b;
+        __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+        __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        /* NaN anywhere: max_ps may drop it, so test the lanes directly */
+        __m256 unord = _mm256_or_ps(_mm256_cmp_ps(v0, v1, _CMP_UNORD_Q), _mm256_cmp_ps(v2, v3, _CMP_UNORD_Q));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h);
+        float d = amax / 127.0f;
+        if (_mm256_movemask_ps(unord) || !(amax <= 3.4028234663852886e38f) || !(d >= 1.17549435e-38f)) {
+            kkv_q8x_quantize(&dst[b], v, 32); /* the scalar definition */
+            continue;
+        }
+        const __m256 id = _mm256_set1_ps(1.0f / d);
+        __m256i q[4];
+        const __m256 vs[4] = {v0, v1, v2, v3};
+        for (int i = 0; i < 4; i++) {
+            __m256 t = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(vs[i], id), magic), magic);
+            t = _mm256_max_ps(_mm256_min_ps(t, lim), nlim);
+            q[i] = _mm256_cvtps_epi32(t); /* t is integral: exact */
+        }
+        /* int32 -> int8 in order: the packs work per 128-bit lane, the
+         * permute puts the four 8-byte groups back in element order */
+        __m256i w01 = _mm256_packs_epi32(q[0], q[1]), w23 = _mm256_packs_epi32(q[2], q[3]);
+        __m256i bytes = _mm256_packs_epi16(w01, w23);
+        bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        kkv_q8x *o = &dst[b];
+        _mm256_storeu_si256((__m256i *)(void *)o->q, bytes);
+        __m256i s01 = _mm256_add_epi32(q[0], q[1]), s23 = _mm256_add_epi32(q[2], q[3]);
+        __m128i a = _mm_add_epi32(_mm256_castsi256_si128(s01), _mm256_extracti128_si256(s01, 1));
+        a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4e));
+        a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0xb1));
+        __m128i c = _mm_add_epi32(_mm256_castsi256_si128(s23), _mm256_extracti128_si256(s23, 1));
+        c = _mm_add_epi32(c, _mm_shuffle_epi32(c, 0x4e));
+        c = _mm_add_epi32(c, _mm_shuffle_epi32(c, 0xb1));
+        int32_t sum16 = _mm_cvtsi128_si32(a), sum = sum16 + _mm_cvtsi128_si32(c);
+        o->d = d;
+        o->isum = sum;
+        o->isum16 = sum16;
+        o->s = d * (float)sum;
+    }
+}
+
+const kkv_wt_kernels KKV_WT_TABLE = {avx2_dot_q, avx2_dot_f, avx2_quantize};
 
 #endif
