@@ -559,7 +559,7 @@ static int is_quant(uint32_t type) { return type != KKV_WT_F32 && type != KKV_WT
  * once, then MM_PF_BYTES ahead of the next row. A task is a short stream (12-26
  * KB for a decode step's Q/K/V at 2 threads), too short for the hardware
  * prefetcher to ramp up: without this Q/K/V ran at 7 GB/s on one core and
- * took 1.36 against 1.54 ms per token on two (SmolLM2-135M), with it 0.69.
+ * took 1.36 against 1.54 ms per token on two (SmolLM2-135M), with it 0.69-0.88.
  * 2048 bytes measured best of 0 (next row only), 1024, 2048, 4096 and 8192;
  * the non-temporal hint (the weights are read once per step) kept one thread
  * as fast as without prefetching, where the all-levels hint cost it 4% and
