@@ -110,7 +110,17 @@ kkv_status kkv_method_check(const kkv_method *m, int head_dim) {
     if (m->pairs && m->key_rot != KKV_ROT_NONE)
         return kkv_fail(KKV_ERR_INVALID_ARG,
                         "pairs cannot be combined with a key rotation (it mixes the rotary pairs)");
-    if (m->fp16 && (m->pairs || m->key_rot || m->value_rot || m->clip || m->value_clip))
-        return kkv_fail(KKV_ERR_INVALID_ARG, "fp16 takes no pairs, rotation or clipping");
+    if (m->fp16 && (m->pairs || m->key_rot || m->value_rot || m->clip || m->value_clip ||
+                    m->budget || m->sink_int8 || m->window_int8))
+        return kkv_fail(KKV_ERR_INVALID_ARG,
+                        "fp16 takes no pairs, rotation, clipping, budget or int8 parts");
+    if ((unsigned)m->budget > KKV_BUDGET_ERR)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "unknown budget %d", (int)m->budget);
+    if (m->budget && (!(m->alpha > 0.0f && m->alpha < 1.0f) ||
+                      m->select == KKV_SELECT_RANDOM || m->select == KKV_SELECT_EXPLICIT))
+        return kkv_fail(KKV_ERR_INVALID_ARG, "budget needs 0 < alpha < 1 and select magnitude, "
+                        "variance or range");
+    if ((m->sink_int8 | m->window_int8) & ~1)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "sink_int8 and window_int8 are 0 or 1");
     return KKV_OK;
 }
