@@ -112,8 +112,8 @@ static void test_qk_f16(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
             rand_f16(r, kv, N * D, D, 1.0f);
             rand_f32(r, q, R * D);
             for (int n = 1; n <= N && !tu_failed(); n += (n < 20 ? 1 : 7)) {
-                kkv_ops_scalar.qk_f16(s0, q, R, kv, n, D);
-                k->qk_f16(s1, q, R, kv, n, D);
+                kkv_ops_scalar.qk_f16(s0, q, R, kv, n, D, NULL);
+                k->qk_f16(s1, q, R, kv, n, D, kv);
                 int bad = 0;
                 for (int i = 0; i < R * n; i++) {
                     int rr = i / n, t = i % n;
@@ -123,6 +123,10 @@ static void test_qk_f16(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
                     bad += !close_to(s1[i], s0[i], mag, st);
                 }
                 CHECK(!bad, "%s qk_f16 D=%d n_rep=%d n=%d: %d scores off", kkv_kernel_name(k->kind), D, R, n, bad);
+                /* the prefetch hint is never read: the same bits without it */
+                k->qk_f16(s0, q, R, kv, n, D, NULL);
+                CHECK(memcmp(s0, s1, (size_t)R * n * 4) == 0, "%s qk_f16 D=%d n_rep=%d n=%d: prefetch hint changed scores",
+                      kkv_kernel_name(k->kind), D, R, n);
             }
             free(kv), free(q), free(s0), free(s1);
         }
@@ -141,8 +145,8 @@ static void test_pv_f16(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
                 for (int i = 0; i < R * n; i++) p[i] = fabsf(tu_uniform(r));
                 memcpy(a0, a_in, (size_t)R * D * 4);
                 memcpy(a1, a_in, (size_t)R * D * 4);
-                kkv_ops_scalar.pv_f16(a0, p, R, v, n, D);
-                k->pv_f16(a1, p, R, v, n, D);
+                kkv_ops_scalar.pv_f16(a0, p, R, v, n, D, NULL);
+                k->pv_f16(a1, p, R, v, n, D, v);
                 int bad = 0;
                 for (int i = 0; i < R * D; i++) {
                     int rr = i / D, j = i % D;
@@ -151,6 +155,10 @@ static void test_pv_f16(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
                     bad += !close_to(a1[i], a0[i], mag, st);
                 }
                 CHECK(!bad, "%s pv_f16 D=%d n_rep=%d n=%d: %d outputs off", kkv_kernel_name(k->kind), D, R, n, bad);
+                memcpy(a0, a_in, (size_t)R * D * 4);
+                k->pv_f16(a0, p, R, v, n, D, NULL);
+                CHECK(memcmp(a0, a1, (size_t)R * D * 4) == 0, "%s pv_f16 D=%d n_rep=%d n=%d: prefetch hint changed outputs",
+                      kkv_kernel_name(k->kind), D, R, n);
             }
             free(v), free(p), free(a0), free(a1), free(a_in);
         }

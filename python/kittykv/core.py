@@ -63,7 +63,8 @@ class Method:
                     k = "eager_values"
                 if k not in ("sink", "group", "window", "alpha", "value_bits", "select",
                              "seed") + (("eager_values",) if _lib.HAS_FORK else ()) + \
-                        (_lib.PLUS_FIELDS if _lib.HAS_PLUS else ()):
+                        (_lib.PLUS_FIELDS if _lib.HAS_PLUS else ()) + \
+                        (_lib.BUDGET_FIELDS if _lib.HAS_BUDGET else ()):
                     raise InvalidArgument(f"Method: unknown field '{k}'")
                 setattr(m, k, v)
             # the library's own rules decide what is consistent: format what we

@@ -126,14 +126,22 @@ static char *build_prompt(const parts *pt, int length, float depth, int key) {
 }
 
 /* Prefill, then greedy up to KKV_PASSKEY_ANSWER_TOKENS tokens; answer gets
- * the text (NUL-terminated). logits: [n_vocab] scratch. */
+ * the text (NUL-terminated). logits: [n_vocab] scratch. base >= 0 is a
+ * sequence that already holds prompt[0..skip): the trial forks it (sharing
+ * its pages) and prefills only the rest, which gives the same logits as a
+ * whole prefill because results do not depend on prompt chunking. */
 static kkv_status run_one(char *answer, kkv_model *m, kkv_cache *c, const kkv_model_info *info,
-                          const int32_t *prompt, int n, float *logits) {
+                          int base, const int32_t *prompt, int n, int skip, float *logits) {
     int seq;
-    KKV_TRY(kkv_seq_add(c, &seq));
+    if (base >= 0) {
+        KKV_TRY(kkv_seq_fork(c, &seq, base));
+    } else {
+        KKV_TRY(kkv_seq_add(c, &seq));
+        skip = 0;
+    }
     size_t len = 0;
     answer[0] = 0;
-    kkv_status s = kkv_model_forward(m, c, logits, seq, prompt, n, 0);
+    kkv_status s = kkv_model_forward(m, c, logits, seq, prompt + skip, n - skip, 0);
     for (int g = 0; s == KKV_OK && g < KKV_PASSKEY_ANSWER_TOKENS; g++) {
         int32_t tok = kkv_argmax(logits, info->n_vocab);
         if (tok == info->eos || tok == info->eot) break;
@@ -150,6 +158,24 @@ static kkv_status run_one(char *answer, kkv_model *m, kkv_cache *c, const kkv_mo
     }
     kkv_seq_free(c, seq);
     return s;
+}
+
+/* How many leading tokens all T prompts of a cell share (the haystack up to
+ * the needle; trials differ only in the key), at most one less than the
+ * shortest so that every trial prefills at least one token of its own.
+ * prompts[first + t * stride] is trial t's prompt, of n[...] tokens. */
+static int shared_prefix(int32_t *const *prompts, const int *n, size_t first, size_t stride,
+                         int T) {
+    int k = n[first] - 1;
+    for (int t = 1; t < T; t++) {
+        const int32_t *a = prompts[first], *b = prompts[first + (size_t)t * stride];
+        int lim = n[first + (size_t)t * stride] - 1;
+        if (lim < k) k = lim;
+        int i = 0;
+        while (i < k && a[i] == b[i]) i++;
+        k = i;
+    }
+    return k > 0 ? k : 0;
 }
 
 /* Wilson score interval of k successes in n trials at z = 1.96 (95%). */
@@ -279,12 +305,17 @@ kkv_status kkv_passkey_run(kkv_passkey_cell *cells, kkv_model *m, const kkv_pass
     long done_runs = 0, total_runs = (long)(n_cells * (size_t)T);
     if (cfg->progress) cfg->progress(cfg->progress_user, 0, total_runs, 0.0);
     for (int s = 0; s < n_specs; s++) {
-        int seq0;
-        st = kkv_eval_cache_create(&cache, &seq0, m, &methods[s],
-                                   max_len + KKV_PASSKEY_ANSWER_TOKENS,
-                                   cfg->pool ? 1 : cfg->n_threads, NULL);
+        /* Room for two sequences: the shared haystack and one trial forked
+         * from it (each holds its own fp16 staging). */
+        const int n_tok = max_len + KKV_PASSKEY_ANSWER_TOKENS;
+        kkv_cache_config cc = kkv_model_cache_config(m, &methods[s], 0);
+        cc.max_tokens = n_tok;
+        cc.n_threads = cfg->pool ? 1 : cfg->n_threads;
+        size_t one = 0;
+        st = kkv_eval_pool_bytes(&one, &cc, n_tok);
+        cc.pool_bytes = 2 * one;
+        if (st == KKV_OK) st = kkv_cache_create(&cache, &cc);
         if (st == KKV_OK && cfg->pool) st = kkv_cache_set_threadpool(cache, cfg->pool);
-        if (st == KKV_OK) st = kkv_seq_free(cache, seq0);
         if (st != KKV_OK) {
             st = quote(st, "creating the cache", specs[s]);
             goto done;
@@ -292,11 +323,26 @@ kkv_status kkv_passkey_run(kkv_passkey_cell *cells, kkv_model *m, const kkv_pass
         for (int l = 0; l < NL; l++)
             for (int d = 0; d < ND; d++) {
                 kkv_passkey_cell *c = &cells[((size_t)s * NL + l) * ND + d];
+                /* The haystack before the needle is the same in every trial:
+                 * prefill it once into a base sequence and fork it per trial. */
+                const size_t first = (size_t)l * ND + d, stride = (size_t)NL * ND;
+                int skip = T > 1 ? shared_prefix(prompts, plen, first, stride, T) : 0;
+                int base = -1;
+                if (skip > 0) {
+                    st = kkv_seq_add(cache, &base);
+                    if (st == KKV_OK)
+                        st = kkv_model_forward(m, cache, logits, base, prompts[first], skip, 0);
+                    if (st != KKV_OK) {
+                        st = quote(st, "prefilling the shared haystack", specs[s]);
+                        goto done;
+                    }
+                }
                 for (int t = 0; t < T; t++) {
-                    size_t pi = ((size_t)t * NL + l) * ND + d;
+                    size_t pi = first + (size_t)t * stride;
                     c->tokens = plen[pi];
                     c->keys[t] = keys[pi];
-                    st = run_one(c->answers[t], m, cache, &info, prompts[pi], plen[pi], logits);
+                    st = run_one(c->answers[t], m, cache, &info, base, prompts[pi], plen[pi], skip,
+                                 logits);
                     if (st != KKV_OK) {
                         st = quote(st, "generating", specs[s]);
                         goto done;
@@ -307,6 +353,7 @@ kkv_status kkv_passkey_run(kkv_passkey_cell *cells, kkv_model *m, const kkv_pass
                     if (cfg->progress)
                         cfg->progress(cfg->progress_user, ++done_runs, total_runs, now_s() - t0);
                 }
+                if (base >= 0) kkv_seq_free(cache, base);
                 c->accuracy = (double)c->correct / T;
                 wilson(&c->ci_lo, &c->ci_hi, c->correct, T);
             }

@@ -92,14 +92,30 @@ AI void qk_f16_tile(float *s, size_t ld, const float *qp, int Dp, const uint16_t
     }
 }
 
+/* Prefetch hint for the rows [t0, t1) of the fp16 chunk pf ([n][D]): to L2
+ * (prefetcht2), at the pace the kernel reads its own rows, so the next chunk
+ * is in flight while this one is computed. Measured on Zen 4 with pages 2.9 MB
+ * apart: t2 beat t0 and NTA, and one whole-page burst up front was slower
+ * than no prefetch at all (it evicts the rows in use from the 32 KB L1). */
+AI void pf_rows(const void *pf, int t0, int t1, int D) {
+    if (!pf) return;
+    const char *b = (const char *)pf + (size_t)t0 * D * 2, *e = (const char *)pf + (size_t)t1 * D * 2;
+    for (; b < e; b += 64) __builtin_prefetch(b, 0, 1);
+}
+
 AI void qk_f16_rb(float *s, size_t ld, const float *qp, int Dp, const uint16_t *k, int n, int D,
-                  int RB) {
+                  int RB, const void *pf) {
     int t = 0;
-    for (; t + 4 <= n; t += 4) qk_f16_tile(s + t, ld, qp, Dp, k + (size_t)t * D, D, RB, 4);
+    for (; t + 4 <= n; t += 4) {
+        pf_rows(pf, t, t + 4, D);
+        qk_f16_tile(s + t, ld, qp, Dp, k + (size_t)t * D, D, RB, 4);
+    }
+    pf_rows(pf, t, n, D);
     for (; t < n; t++) qk_f16_tile(s + t, ld, qp, Dp, k + (size_t)t * D, D, RB, 1);
 }
 
-void kkv_avx2_qk_f16(float *s, const float *q, int n_rep, const uint16_t *k, int n, int D) {
+void kkv_avx2_qk_f16(float *s, const float *q, int n_rep, const uint16_t *k, int n, int D,
+                     const void *pf) {
     float qp[RB_MAX][KKV_MAX_HEAD_DIM + 8]; /* [RB][Dp] */
     int Dp = (D + 7) & ~7;
     for (int r0 = 0; r0 < n_rep; r0 += RB_MAX) {
@@ -109,9 +125,10 @@ void kkv_avx2_qk_f16(float *s, const float *q, int n_rep, const uint16_t *k, int
             for (int j = D; j < Dp; j++) qp[r][j] = 0.0f;
         }
         float *sr = s + (size_t)r0 * n;
-        if (rb == 3) qk_f16_rb(sr, (size_t)n, qp[0], KKV_MAX_HEAD_DIM + 8, k, n, D, 3);
-        else if (rb == 2) qk_f16_rb(sr, (size_t)n, qp[0], KKV_MAX_HEAD_DIM + 8, k, n, D, 2);
-        else qk_f16_rb(sr, (size_t)n, qp[0], KKV_MAX_HEAD_DIM + 8, k, n, D, 1);
+        const void *f = r0 == 0 ? pf : NULL; /* the first pass over the rows prefetches */
+        if (rb == 3) qk_f16_rb(sr, (size_t)n, qp[0], KKV_MAX_HEAD_DIM + 8, k, n, D, 3, f);
+        else if (rb == 2) qk_f16_rb(sr, (size_t)n, qp[0], KKV_MAX_HEAD_DIM + 8, k, n, D, 2, f);
+        else qk_f16_rb(sr, (size_t)n, qp[0], KKV_MAX_HEAD_DIM + 8, k, n, D, 1, f);
     }
 }
 
@@ -120,11 +137,12 @@ void kkv_avx2_qk_f16(float *s, const float *q, int n_rep, const uint16_t *k, int
 /* Channels [j, j + 8*NV) of RB query heads over n tokens. ap: [RB][ldA]
  * padded accumulators. The last vector may hold only 4 real channels. */
 AI void pv_f16_tile(float *ap, int ldA, const float *p, size_t ldp, const uint16_t *v, int n,
-                    int D, int j, int NV, int half, int RB) {
+                    int D, int j, int NV, int half, int RB, const void *pf) {
     __m256 acc[RB_MAX][4];
     for (int r = 0; r < RB; r++)
         for (int i = 0; i < NV; i++) acc[r][i] = _mm256_loadu_ps(ap + (size_t)r * ldA + j + 8 * i);
     for (int t = 0; t < n; t++) {
+        pf_rows(pf, t, t + 1, D);
         const uint16_t *row = v + (size_t)t * D + j;
         __m256 x[4];
         for (int i = 0; i < NV; i++) x[i] = (half && i == NV - 1) ? ld4h(row + 8 * i) : ld8h(row + 8 * i);
@@ -137,20 +155,22 @@ AI void pv_f16_tile(float *ap, int ldA, const float *p, size_t ldp, const uint16
         for (int i = 0; i < NV; i++) _mm256_storeu_ps(ap + (size_t)r * ldA + j + 8 * i, acc[r][i]);
 }
 
+/* pf: prefetched during the first channel tile only. */
 AI void pv_f16_rb(float *ap, int ldA, const float *p, size_t ldp, const uint16_t *v, int n,
-                  int D, int RB) {
+                  int D, int RB, const void *pf) {
     int j = 0;
-    for (; j + 32 <= D; j += 32) pv_f16_tile(ap, ldA, p, ldp, v, n, D, j, 4, 0, RB);
+    for (; j + 32 <= D; j += 32, pf = NULL) pv_f16_tile(ap, ldA, p, ldp, v, n, D, j, 4, 0, RB, pf);
     int left = D - j; /* 0..28, a multiple of 4 */
     if (left == 0) return;
     int nv = (left + 7) / 8, half = left % 8 != 0;
-    if (nv == 1) pv_f16_tile(ap, ldA, p, ldp, v, n, D, j, 1, half, RB);
-    else if (nv == 2) pv_f16_tile(ap, ldA, p, ldp, v, n, D, j, 2, half, RB);
-    else if (nv == 3) pv_f16_tile(ap, ldA, p, ldp, v, n, D, j, 3, half, RB);
-    else pv_f16_tile(ap, ldA, p, ldp, v, n, D, j, 4, half, RB);
+    if (nv == 1) pv_f16_tile(ap, ldA, p, ldp, v, n, D, j, 1, half, RB, pf);
+    else if (nv == 2) pv_f16_tile(ap, ldA, p, ldp, v, n, D, j, 2, half, RB, pf);
+    else if (nv == 3) pv_f16_tile(ap, ldA, p, ldp, v, n, D, j, 3, half, RB, pf);
+    else pv_f16_tile(ap, ldA, p, ldp, v, n, D, j, 4, half, RB, pf);
 }
 
-void kkv_avx2_pv_f16(float *acc, const float *p, int n_rep, const uint16_t *v, int n, int D) {
+void kkv_avx2_pv_f16(float *acc, const float *p, int n_rep, const uint16_t *v, int n, int D,
+                     const void *pf) {
     enum { LDA = KKV_MAX_HEAD_DIM + 8 };
     float ap[RB_MAX][LDA]; /* [RB][Dp] padded accumulators */
     for (int r0 = 0; r0 < n_rep; r0 += RB_MAX) {
@@ -160,9 +180,10 @@ void kkv_avx2_pv_f16(float *acc, const float *p, int n_rep, const uint16_t *v, i
             for (int j = D; j < LDA; j++) ap[r][j] = 0.0f;
         }
         const float *pr = p + (size_t)r0 * n;
-        if (rb == 3) pv_f16_rb(ap[0], LDA, pr, (size_t)n, v, n, D, 3);
-        else if (rb == 2) pv_f16_rb(ap[0], LDA, pr, (size_t)n, v, n, D, 2);
-        else pv_f16_rb(ap[0], LDA, pr, (size_t)n, v, n, D, 1);
+        const void *f = r0 == 0 ? pf : NULL;
+        if (rb == 3) pv_f16_rb(ap[0], LDA, pr, (size_t)n, v, n, D, 3, f);
+        else if (rb == 2) pv_f16_rb(ap[0], LDA, pr, (size_t)n, v, n, D, 2, f);
+        else pv_f16_rb(ap[0], LDA, pr, (size_t)n, v, n, D, 1, f);
         for (int r = 0; r < rb; r++) memcpy(acc + (size_t)(r0 + r) * D, ap[r], (size_t)D * sizeof(float));
     }
 }

@@ -6,7 +6,9 @@
 #include "core/fp16.h"
 #include "quant/quant.h"
 
-static void qk_f16(float *s, const float *q, int n_rep, const uint16_t *k, int n, int D) {
+static void qk_f16(float *s, const float *q, int n_rep, const uint16_t *k, int n, int D,
+                   const void *pf) {
+    (void)pf; /* the reference takes no hints */
     for (int r = 0; r < n_rep; r++)
         for (int t = 0; t < n; t++) {
             float dot = 0.0f;
@@ -35,7 +37,9 @@ static void qk_page(float *s, const float *q, int n_rep, const uint8_t *page, in
     }
 }
 
-static void pv_f16(float *acc, const float *p, int n_rep, const uint16_t *v, int n, int D) {
+static void pv_f16(float *acc, const float *p, int n_rep, const uint16_t *v, int n, int D,
+                   const void *pf) {
+    (void)pf;
     for (int t = 0; t < n; t++)
         for (int j = 0; j < D; j++) {
             float x = kkv_f16_to_f32(v[(size_t)t * D + j]);

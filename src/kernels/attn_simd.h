@@ -7,10 +7,12 @@
 #include "kernels/kernels.h"
 
 #if defined(__x86_64__)
-void kkv_avx2_qk_f16(float *s, const float *q, int n_rep, const uint16_t *k, int n, int D);
+void kkv_avx2_qk_f16(float *s, const float *q, int n_rep, const uint16_t *k, int n, int D,
+                     const void *pf);
 void kkv_avx2_qk_page(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
                       int nb);
-void kkv_avx2_pv_f16(float *acc, const float *p, int n_rep, const uint16_t *v, int n, int D);
+void kkv_avx2_pv_f16(float *acc, const float *p, int n_rep, const uint16_t *v, int n, int D,
+                     const void *pf);
 void kkv_avx2_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
                       int bits);
 void kkv_avx2_key_encode(uint8_t *page, float *tmp, const uint16_t *k, int D, int G, int nb,

@@ -33,13 +33,20 @@
 
 typedef struct kkv_ops {
     kkv_kernel kind;
-    /* s: [n_rep][n] raw dots q . k_t (unscaled). q: [n_rep][D], k: [n][D] fp16. */
-    void (*qk_f16)(float *s, const float *q, int n_rep, const uint16_t *k, int n, int D);
+    /* s: [n_rep][n] raw dots q . k_t (unscaled). q: [n_rep][D], k: [n][D] fp16.
+     * pf: NULL, or n * D fp16 of the next chunk this thread will read (the
+     * block's values), prefetched a row per row read: a hint, never read, so
+     * it cannot change a result (fp16 streams 16x more bytes than it can keep
+     * in L1, and a whole-page prefetch up front evicts the rows in use). */
+    void (*qk_f16)(float *s, const float *q, int n_rep, const uint16_t *k, int n, int D,
+                   const void *pf);
     /* s: [n_rep][G] over one key page (format of kittykv.h). */
     void (*qk_page)(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
                     int nb);
-    /* acc: [n_rep][D] += sum_t p[r][t] * v_t. p: [n_rep][n], v: [n][D] fp16. */
-    void (*pv_f16)(float *acc, const float *p, int n_rep, const uint16_t *v, int n, int D);
+    /* acc: [n_rep][D] += sum_t p[r][t] * v_t. p: [n_rep][n], v: [n][D] fp16.
+     * pf: NULL or n * D fp16 to prefetch as qk_f16's (the next page's keys). */
+    void (*pv_f16)(float *acc, const float *p, int n_rep, const uint16_t *v, int n, int D,
+                   const void *pf);
     /* acc: [n_rep][D] += sum_t p[r][t] * v_t over one value page. p: [n_rep][G]. */
     void (*pv_page)(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
                     int bits);

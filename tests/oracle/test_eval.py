@@ -8,7 +8,8 @@ they pin down:
 - 4-bit keys and values (kivi-k4v4) stay closer to fp16 than kivi-k2v2;
 - scoring in chunks gives bit-identical results to single-token decode;
 - the JSON shapes; bad specs and options are usage errors (exit 2);
-- passkey: table + JSON, fp16 retrieves the key in a short haystack;
+- passkey: table + JSON, fp16 retrieves the key in a short haystack, a forked
+  trial answers as the same trial run alone;
 - every analyze subcommand writes its CSV/JSON/PNG files, the layers splice
   check is exact, sensitivity has D rows per KV head and agrees with the
   heatmap's magnitudes, and the ablation's oracle line is its own run.
@@ -131,6 +132,21 @@ def test_passkey(cli, model):
     fp = [r for r in res if r["method"] == "fp16"]
     check(all(r["accuracy"] == 1.0 for r in fp), f"fp16 must find the key at 320 tokens: {fp}")
     check("d=0.20" in p.stdout and "kivi-k2v2" in p.stdout, "passkey table on stdout")
+
+    # With several trials a cell prefills the shared haystack once and forks it
+    # per trial; trial 0 must answer exactly as when it runs alone (no fork).
+    runs = []
+    for trials in ("1", "3"):
+        q = run(cli, ["passkey", "-m", model, "--methods", "kitty,kitty-plus", "--lengths", "320",
+                      "--depths", "0.8", "--trials", trials, "-t", "1", "--json"])
+        if q.returncode:
+            return
+        runs.append(last_json(q)["results"])
+    for alone, forked in zip(*runs):
+        check(alone["keys"][0] == forked["keys"][0], "trial 0 has the same key")
+        check(alone["answers"][0] == forked["answers"][0],
+              f"{alone['method']}: forked trial 0 answered {forked['answers'][0]!r}, "
+              f"alone {alone['answers'][0]!r}")
 
 
 def png_ok(path):
