@@ -297,11 +297,13 @@ static void test_spec(void) {
         kkv_method m;
         CHECK(kkv_method_parse(&m, bad[i]) != KKV_OK, "%s accepted", bad[i]);
     }
-    /* the named methods are unchanged: no budget, no int8 parts */
+    /* no named method rounds its fp16 parts (a fidelity study); only
+     * kitty-plus-pro pools its budget */
     for (const char *const *n = kkv_method_names(); *n; n++) {
         kkv_method m;
         kkv_method_from_name(&m, *n);
-        CHECK(!m.budget && !m.sink_int8 && !m.window_int8, "%s pools or rounds", *n);
+        CHECK(!m.sink_int8 && !m.window_int8, "%s rounds its fp16 parts", *n);
+        CHECK(!m.budget == !!strcmp(*n, "kitty-plus-pro"), "%s: budget %d", *n, (int)m.budget);
     }
     kkv_method m;
     kkv_method_parse(&m, "kitty:budget=head");
@@ -346,7 +348,7 @@ int main(void) {
     test_pooled("kitty:budget=head", "kitty");
     test_pooled("kitty:budget=head:pairs=1", "kitty:pairs=1");
     test_pooled("kitty-plus:budget=err", "kitty-plus");
-    test_pooled("kitty-plus-pro:budget=head", "kitty-plus-pro");
+    test_pooled("kitty-plus-pro", "kitty-plus-pro:budget=none");
     test_int8();
     test_spec();
     test_bad_state();
