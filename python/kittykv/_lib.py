@@ -208,6 +208,8 @@ _decl(core, "kkv_cache_set_rank", st, c_void_p, c_int, c_int, POINTER(c_ubyte))
 _decl(core, "kkv_seq_read", st, c_void_p, F32P, F32P, c_int, c_int, c_int)
 _decl(core, "kkv_seq_get_info", st, c_void_p, POINTER(SeqInfo), c_int, c_int)
 _decl(core, "kkv_seq_key_page", st, c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, c_int)
+if HAS_BUDGET:
+    _decl(core, "kkv_seq_key_page_boost", c_int, c_void_p, c_int, c_int, c_int, c_int)
 _decl(core, "kkv_seq_mem", st, c_void_p, POINTER(Mem), c_int)
 _decl(core, "kkv_cache_mem", st, c_void_p, POINTER(Mem))
 _decl(core, "kkv_cache_free_bytes", c_uint64, c_void_p)
