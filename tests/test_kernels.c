@@ -27,10 +27,13 @@
  * values for the scalar kernel, the SIMD kernels must agree with the scalar
  * one to TOL_E2E_INT of it (the score error d/2 * sum c / sqrt(D) moves the
  * softmax weights by a factor exp(+-2x), x ~ 1e-3 here, plus the value error),
- * and 1 vs 2 threads must be bit-identical. */
+ * and 1 vs 2 threads must be bit-identical.
+ *
+ *     test_kernels [--bench-plan]   (--bench-plan: time the planned key kernel, no tests) */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/kernels.h"
 #include "kernels/attn_simd.h"
@@ -588,6 +591,100 @@ static void test_vnni_exact(const char *name, qk_page_fn qk, pv_page_fn pv, tu_r
 }
 #endif
 
+#if defined(__x86_64__)
+typedef size_t (*plan_bytes_fn)(int);
+typedef void (*plan_fn)(uint8_t *, const uint8_t *, int, int, int);
+typedef void (*plan_run_fn)(float *, const float *, int, const uint8_t *, const uint8_t *, int, int, int);
+
+/* The key kernel with a plan kept beside the page (built from a copy of the
+ * page at another address) gives exactly qk_page's bytes: every D, G,
+ * n_boost spread, n_rep 1..8, key-range spreads that fill all channel groups. */
+static void test_plan_exact(const char *name, qk_page_fn qk, plan_bytes_fn pb, plan_fn pl,
+                            plan_run_fn run, tu_rng *r) {
+    static const int Gx[] = {4, 12, 20, 128, 256};
+    int n_cmp = 0;
+    uint8_t *plan = xmalloc(pb(256));
+    for (int di = 0; di < NELEM(Ds); di++)
+        for (int gi = 0; gi < NELEM(Gx); gi++) {
+            int D = Ds[di], G = Gx[gi];
+            float *x = xmalloc((size_t)G * D * 4), *q = xmalloc((size_t)8 * D * 4);
+            float *s0 = xmalloc((size_t)8 * G * 4), *s1 = xmalloc((size_t)8 * G * 4);
+            size_t kb = kkv_key_page_bytes(D, G, D);
+            uint8_t *kp = xmalloc(kb), *kc = xmalloc(kb);
+            for (int nb = 0; nb <= D && !tu_failed(); nb += (D <= 12 ? 1 : D / 8 + 1))
+                for (int R = 1; R <= 8; R += (nb % 2 ? 3 : 2)) {
+                    for (int i = 0; i < G * D; i++)
+                        x[i] = tu_normal(r) * ((i % D) % 5 == 2 ? 20.0f : (i % D) % 7 == 3 ? 0.05f : 1.0f);
+                    rand_f32(r, q, R * D);
+                    kkv_key_page_encode(kp, x, D, G, nb, KKV_SELECT_RANDOM, 3, (uint64_t)nb, NULL);
+                    memcpy(kc, kp, kb);
+                    memset(plan, 0xA5, pb(D));
+                    pl(plan, kc, D, G, nb);
+                    memset(kc, 0xA5, kb); /* the plan must not point into the copy */
+                    qk(s0, q, R, kp, D, G, nb);
+                    run(s1, q, R, kp, plan, D, G, nb);
+                    CHECK(memcmp(s0, s1, (size_t)R * G * 4) == 0, "%s planned qk_page D=%d G=%d nb=%d n_rep=%d: not bit-identical", name, D, G, nb, R);
+                    n_cmp++;
+                }
+            free(x), free(q), free(s0), free(s1), free(kp), free(kc);
+        }
+    free(plan);
+    printf("kernel %s: %d planned key-page calls bit-identical to qk_page\n", name, n_cmp);
+}
+#endif
+
+#if defined(__x86_64__)
+/* test_kernels --bench-plan: CPU ns per key page (D 64, G 128, n_boost 8,
+ * 3 query heads, the VNNI kernel where the CPU has it) of qk_page, of the
+ * planned kernel with plans built beforehand, and of the plan alone; hot (one
+ * page) and in place (4096 pages 16 KB apart, the next page and its plan
+ * prefetched). Ratios within one run; not a test. */
+static int bench_plan(void) {
+    enum { D = 64, G = 128, NB = 8, R = 3, NP = 4096, ITERS = 200000 };
+    const kkv_cpu *cpu = kkv_cpu_get();
+    if (!cpu->avx2) return 77;
+    qk_page_fn qk = cpu->vnni ? kkv_vnni512_qk_page : kkv_avx2i_qk_page;
+    size_t (*pb)(int) = cpu->vnni ? kkv_vnni512_qk_plan_bytes : kkv_avx2i_qk_plan_bytes;
+    void (*pl)(uint8_t *, const uint8_t *, int, int, int) = cpu->vnni ? kkv_vnni512_qk_plan : kkv_avx2i_qk_plan;
+    void (*run)(float *, const float *, int, const uint8_t *, const uint8_t *, int, int, int) =
+        cpu->vnni ? kkv_vnni512_qk_page_plan : kkv_avx2i_qk_page_plan;
+    size_t stride = 16384, pbytes = pb(D), kb = kkv_key_page_bytes(D, G, NB);
+    uint8_t *pool = xmalloc(stride * NP), *plans = xmalloc(pbytes * NP); /* [NP] pages, [NP] plans */
+    static float x[G * D], q[R * D], s[R * G];
+    tu_rng r = tu_rng_make(5);
+    for (int p = 0; p < NP; p++) {
+        for (int i = 0; i < G * D; i++) x[i] = tu_normal(&r) * ((i % D) % 5 == 2 ? 4.0f : 1.0f);
+        kkv_key_page_encode(pool + (size_t)p * stride, x, D, G, NB, KKV_SELECT_MAGNITUDE, 0, 0, NULL);
+        pl(plans + pbytes * p, pool + (size_t)p * stride, D, G, NB);
+    }
+    rand_f32(&r, q, R * D);
+    static const char *nm[] = {"qk_page", "planned", "plan only"};
+    printf("key page D %d G %d n_boost %d, %d heads, %s: page %zu B, plan %zu B (%.1f%%)\n", D, G, NB, R,
+           cpu->vnni ? "avx512-vnni" : "avx2-int", kb, pbytes, 100.0 * (double)pbytes / (double)kb);
+    for (int round = 0; round < 3; round++)
+        for (int mode = 0; mode < 2; mode++)
+            for (int k = 0; k < 3; k++) {
+                clock_t c0 = clock();
+                for (int it = 0; it < ITERS; it++) {
+                    size_t p = mode ? ((unsigned)it * 2654435761u) % NP : 0;
+                    const uint8_t *pg = pool + p * stride;
+                    if (mode) {
+                        size_t nx = ((unsigned)(it + 1) * 2654435761u) % NP;
+                        for (size_t o = 0; o < kb; o += 64) __builtin_prefetch(pool + nx * stride + o, 0, 1);
+                        if (k) for (size_t o = 0; o < pbytes; o += 64) __builtin_prefetch(plans + pbytes * nx + o, 0, 1);
+                    }
+                    if (k == 0) qk(s, q, R, pg, D, G, NB);
+                    else if (k == 1) run(s, q, R, pg, plans + pbytes * p, D, G, NB);
+                    else pl(plans + pbytes * p, pg, D, G, NB);
+                }
+                double ns = 1e9 * (double)(clock() - c0) / CLOCKS_PER_SEC / ITERS;
+                printf("round %d %-8s %-10s %7.1f cpu ns/page\n", round, mode ? "in place" : "hot", nm[k], ns);
+            }
+    free(pool), free(plans);
+    return 0;
+}
+#endif
+
 static void test_dispatch(void) {
     const kkv_cpu *cpu = kkv_cpu_get();
     kkv_kernel best = kkv_kernel_best();
@@ -621,7 +718,11 @@ static void test_dispatch(void) {
     if (cap && strcmp(cap, "avx512") == 0) CHECK(!cpu->vnni, "KKV_CPU=avx512 leaves VNNI out");
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+#if defined(__x86_64__)
+    if (argc > 1 && strcmp(argv[1], "--bench-plan") == 0) return bench_plan();
+#endif
+    (void)argv;
     test_dispatch();
     const kkv_cpu *cpu = kkv_cpu_get();
     const kkv_ops *tables[3] = {&kkv_ops_scalar, NULL, NULL};
@@ -673,6 +774,14 @@ int main(void) {
         kkv_avx2_pv_page(a0, p, R, vp, D, G, 2);
         kkv_avx2i_pv_page(a1, p, R, vp, D, G, 2);
         CHECK(memcmp(a0, a1, sizeof a0) == 0, "pv_page with a negative probability: not the float kernel's result");
+    }
+    if (cpu->avx2) {
+        tu_rng r = tu_rng_make(93);
+        test_plan_exact("avx2-int", kkv_avx2i_qk_page, kkv_avx2i_qk_plan_bytes, kkv_avx2i_qk_plan, kkv_avx2i_qk_page_plan, &r);
+    }
+    if (cpu->vnni) {
+        tu_rng r = tu_rng_make(94);
+        test_plan_exact("avx512-vnni", kkv_vnni512_qk_page, kkv_vnni512_qk_plan_bytes, kkv_vnni512_qk_plan, kkv_vnni512_qk_page_plan, &r);
     }
     if (cpu->vnni) {
         tu_rng r = tu_rng_make(91);

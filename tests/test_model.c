@@ -346,6 +346,45 @@ out:
     kkv_cache_free(c3);
 }
 
+/* A batch of 10 (more than one group of the matmul's activation columns:
+ * 8 + 2; attention on 2 threads): every member's logits equal its single-token forward,
+ * so they do not depend on the batch's composition. */
+#define BATCH_WIDE 10
+static void test_decode_batch_wide(const int32_t *prompt) {
+    const size_t pool = 64u << 20;
+    kkv_cache *a = make_cache("kitty", pool, 0, 2), *b = make_cache("kitty", pool, 0, 1);
+    float *lb = malloc(BATCH_WIDE * V() * sizeof(float)), *l1 = malloc(V() * 4);
+    if (!a || !b || !lb || !l1) {
+        CHECK(0, "setup failed");
+        goto out;
+    }
+    int sa[BATCH_WIDE], sb[BATCH_WIDE];
+    int32_t toks[BATCH_WIDE];
+    for (int i = 0; i < BATCH_WIDE; i++) {
+        int len = 3 + 2 * i; /* different lengths and positions */
+        CHECK(kkv_seq_add(a, &sa[i]) == KKV_OK && kkv_seq_add(b, &sb[i]) == KKV_OK &&
+                  kkv_model_forward(g_m, a, NULL, sa[i], prompt + 7 * i, len, 0) == KKV_OK &&
+                  kkv_model_forward(g_m, b, NULL, sb[i], prompt + 7 * i, len, 0) == KKV_OK,
+              "prefill %d: %s", i, kkv_last_error());
+        toks[i] = prompt[7 * i + len];
+    }
+    CHECK(kkv_model_decode_batch(g_m, a, lb, sa, toks, BATCH_WIDE) == KKV_OK,
+          "decode batch of %d: %s", BATCH_WIDE, kkv_last_error());
+    int bad = 0;
+    for (int i = 0; i < BATCH_WIDE; i++) {
+        CHECK(kkv_model_forward(g_m, b, l1, sb[i], &toks[i], 1, 0) == KKV_OK,
+              "single step %d: %s", i, kkv_last_error());
+        bad += memcmp(lb + (size_t)i * V(), l1, V() * 4) != 0;
+        bad += !same_cache(a, sa[i], b, sb[i]);
+    }
+    CHECK(bad == 0, "a batch of %d differs from single-token forwards in %d "
+          "logits/caches", BATCH_WIDE, bad);
+out:
+    free(lb), free(l1);
+    kkv_cache_free(a);
+    kkv_cache_free(b);
+}
+
 static void test_decode_batch(const int32_t *prompt) {
     const size_t pool = 64u << 20;
     kkv_cache *a = make_cache("kitty", pool, 0, 1), *b = make_cache("kitty", pool, 0, 1);
@@ -577,6 +616,7 @@ int main(void) {
     } else {
         test_chunking(prompt);
         test_decode_batch(prompt);
+        test_decode_batch_wide(prompt);
         test_pool_full(prompt);
         test_bad_args(prompt);
         test_fork_state(prompt);

@@ -243,6 +243,57 @@ static void test_q8x(void) {
     CHECK(isnan(q[0].d), "NaN block gives NaN scale");
 }
 
+/* The SIMD tables' quantizers give kkv_q8x_quantize's bytes: random blocks
+ * of many magnitudes, halves that round to even, zeros, -0, tiny and
+ * subnormal blocks, Inf and NaN, values at the clamp. */
+static void test_q8x_simd(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    const kkv_wt_kernels *tabs[3] = {&kkv_wt_kernels_avx2, &kkv_wt_kernels_vnni,
+                                     &kkv_wt_kernels_avxvnni};
+    const int have[3] = {kkv_cpu_get()->avx2, kkv_cpu_get()->vnni, kkv_cpu_get()->avxvnni};
+    enum { NB = 64 };
+    float *x = malloc(sizeof(float) * 32 * NB); /* [NB][32] */
+    kkv_q8x *ref = malloc(sizeof *ref * NB), *got = malloc(sizeof *got * NB);
+    uint64_t st = 99;
+    for (int round = 0; round < 50; round++) {
+        for (int b = 0; b < NB; b++) {
+            float scale = powf(2.0f, (float)((int)(b % 41) - 20)) * (round % 2 ? 1.0f : 3.7f);
+            for (int i = 0; i < 32; i++) {
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                float u = (float)((st >> 40) & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
+                x[32 * b + i] = u * scale;
+            }
+        }
+        /* special blocks */
+        for (int i = 0; i < 32; i++) {
+            x[i] = 0.0f;                                   /* all zero */
+            x[32 + i] = (i % 2) ? -0.0f : 0.0f;            /* signed zeros */
+            x[64 + i] = 1e-40f * (float)(i - 16);          /* subnormal */
+            x[96 + i] = (float)(2 * i - 31) * 0.5f;        /* halves: ties to even */
+            x[128 + i] = (float)(i - 16) * 3e38f / 16.0f;  /* near FLT_MAX */
+            x[160 + i] = 1e-36f * (float)(i + 1);          /* d just above normal */
+        }
+        x[192 + round % 32] = INFINITY;
+        x[224 + round % 32] = NAN;
+        x[256 + round % 32] = -INFINITY;
+        kkv_q8x_quantize(ref, x, 32 * NB);
+        for (int t = 0; t < 3; t++) {
+            if (!have[t]) continue;
+            memset(got, 0x5a, sizeof *got * NB);
+            tabs[t]->quantize(got, x, 32 * NB);
+            int bad = 0;
+            for (int b = 0; b < NB; b++) /* NaN scales compare by bits too */
+                bad += memcmp(&ref[b], &got[b], sizeof ref[b]) != 0;
+            CHECK(bad == 0, "quantizer of table %d differs from kkv_q8x_quantize in %d of %d "
+                  "blocks (round %d)", t, bad, NB, round);
+        }
+    }
+    free(x);
+    free(ref);
+    free(got);
+#endif
+}
+
 /* The definition of the quantized matmul evaluated in double: the dot of the
  * dequantized row with the quantized activations. */
 static double ref_dot(double *abs_sum, const kkv_weight *w, int64_t row, const float *x) {
@@ -293,6 +344,15 @@ static void test_kernels(void) {
                     CHECK(kkv_matmul_ex(NULL, os, &w, x, n, KKV_WT_IMPL_SCALAR) == KKV_OK, "scalar");
                     if (have_avx2) {
                         CHECK(kkv_matmul_ex(tp3, oa, &w, x, n, KKV_WT_IMPL_AVX2) == KKV_OK, "avx2");
+                        /* auto takes the VNNI build where the CPU has one: the
+                         * same bits as AVX2 (KKV_CPU=avx2 makes auto AVX2) */
+                        float *ov = malloc(sizeof(float) * (size_t)n * (size_t)rows);
+                        CHECK(kkv_matmul_ex(tp3, ov, &w, x, n, KKV_WT_IMPL_AUTO) == KKV_OK, "auto");
+                        CHECK(memcmp(ov, oa, sizeof(float) * (size_t)n * (size_t)rows) == 0,
+                              "%s %lldx%lld n=%d: auto kernels (vnni %d, avx-vnni %d) differ from avx2",
+                              kkv_wt_name(type), (long long)rows, (long long)cols, n,
+                              kkv_cpu_get()->vnni, kkv_cpu_get()->avxvnni);
+                        free(ov);
                     }
                     for (int j = 0; j < n; j++) {
                         for (int64_t r = 0; r < rows; r++) {
@@ -572,6 +632,7 @@ int main(int argc, char **argv) {
     test_type_table();
     test_dequant_known();
     test_q8x();
+    test_q8x_simd();
     test_kernels();
     test_invariance();
     if (!kkv_cpu_get()->avx2) printf("note: no AVX2 on this CPU; SIMD comparisons skipped\n");

@@ -357,73 +357,13 @@ AI void qk_int_rb(float *s, const int16_t *w, int ldw, const float *d, const flo
 }
 
 
-/* Folded int8 query of one head over a page: f_j = q_j * scale_j, one step
- * per channel group d_g = max_{j in g} |f_j| / 127, qi = rne(f / d_g) (MXCSR
- * default rounding), constant cst = sum q_j mn_j + (sum_j (f_j - d_g qi_j)
- * maxq_j) / 2 (the centring). qi: [D] int32; mq: [D] maxq_j; d: [KGROUPS].
- * Returns 0 when some f_j is not finite. */
-static int fold_query(int32_t *qi, float *d, float *cst, const float *q, const float *scale,
-                      const float *mn, const float *mq, const int32_t *cg32, int gmask, int D) {
-    float f[KKV_MAX_HEAD_DIM + 8], fa[KKV_MAX_HEAD_DIM + 8]; /* padded: whole-vector stores (masked stores are slow on AMD) */
-    float gi[KKV_MAX_HEAD_DIM + 8], gd[KKV_MAX_HEAD_DIM + 8]; /* [D] 1/d_g, d_g of each channel */
-    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 c = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-    for (int j = 0; j < D; j += 8) {
-        __m256i m = lanes(D - j < 8 ? 4 : 8);
-        __m256 qv = _mm256_maskload_ps(q + j, m);
-        __m256 fv = _mm256_mul_ps(qv, _mm256_maskload_ps(scale + j, m));
-        _mm256_storeu_ps(f + j, fv);
-        _mm256_storeu_ps(fa + j, _mm256_and_ps(fv, absm));
-        c = _mm256_fmadd_ps(qv, _mm256_maskload_ps(mn + j, m), c);
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(fv, fv), _mm256_setzero_ps(), _CMP_NEQ_UQ));
-    }
-    if (_mm256_movemask_ps(bad)) return 0; /* inf or NaN */
-    float gm[KGROUPS] = {0};
-    for (int g = 0; g < KGROUPS; g++) {
-        if (!(gmask >> g & 1)) continue;
-        __m256 mx = _mm256_setzero_ps();
-        for (int j = 0; j < D; j += 8) {
-            __m256i m = lanes(D - j < 8 ? 4 : 8);
-            __m256i in = _mm256_cmpeq_epi32(_mm256_maskload_epi32(cg32 + j, m), _mm256_set1_epi32(g));
-            mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_maskload_ps(fa + j, m), _mm256_castsi256_ps(_mm256_and_si256(in, m))));
-        }
-        gm[g] = hmax(mx);
-    }
-    float ginv[KGROUPS];
-    for (int g = 0; g < KGROUPS; g++) {
-        d[g] = gm[g] / 127.0f;
-        ginv[g] = gm[g] > 0.0f ? 127.0f / gm[g] : 0.0f;
-    }
-    __m256 tinv = _mm256_setr_ps(ginv[0], ginv[1], ginv[2], 0, 0, 0, 0, 0);
-    __m256 td = _mm256_setr_ps(d[0], d[1], d[2], 0, 0, 0, 0, 0);
-    for (int j = 0; j < D; j += 8) {
-        __m256i gv = _mm256_loadu_si256((const __m256i *)(const void *)(cg32 + j));
-        _mm256_storeu_ps(gi + j, _mm256_permutevar8x32_ps(tinv, gv));
-        _mm256_storeu_ps(gd + j, _mm256_permutevar8x32_ps(td, gv));
-    }
-    __m256 corr = _mm256_setzero_ps();
-    for (int j = 0; j < D; j += 8) {
-        __m256i m = lanes(D - j < 8 ? 4 : 8);
-        __m256 fv = _mm256_maskload_ps(f + j, m);
-        __m256i x = _mm256_cvtps_epi32(_mm256_mul_ps(fv, _mm256_maskload_ps(gi + j, m))); /* |x| <= 127 */
-        _mm256_storeu_si256((__m256i *)(void *)(qi + j), x);
-        __m256 err = _mm256_fnmadd_ps(_mm256_maskload_ps(gd + j, m), _mm256_cvtepi32_ps(x), fv);
-        corr = _mm256_fmadd_ps(err, _mm256_maskload_ps(mq + j, m), corr);
-    }
-    *cst = hsum(c) + 0.5f * hsum(corr);
-    return 1;
-}
-
-
-void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
-    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
-    const uint8_t *idx = page + L.idx;
-    float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
-    f16_row(scale, page + L.scale, D);
-    f16_row(mn, page + L.mn, D);
-    /* [D] largest code, channel group (as int32 for vector use) */
-    float mq[KKV_MAX_HEAD_DIM + 8], range[KKV_MAX_HEAD_DIM + 8];
-    int32_t cg32[KKV_MAX_HEAD_DIM + 8];
+/* Largest code mq and channel group cg32 of every channel of a key page
+ * ([D], written 8 at a time: D + 4 entries are touched). Groups by key range
+ * r_j = scale_j * mq_j: 0 within 4x of the largest range, 1 within 16x, 2
+ * the rest. */
+static void key_groups(float *mq, int32_t *cg32, const float *scale, const uint8_t *idx, int D,
+                       int nb) {
+    float range[KKV_MAX_HEAD_DIM + 8];
     __m256 rm = _mm256_setzero_ps();
     for (int j = 0; j < D; j += 8) {
         __m256i m = lanes(D - j < 8 ? 4 : 8);
@@ -438,7 +378,6 @@ void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D,
         rm = _mm256_max_ps(rm, rv);
     }
     float rmax = hmax(rm);
-    /* group: 0 within 4x of the largest range, 1 within 16x, 2 the rest */
     __m256 t1 = _mm256_set1_ps(rmax * 0.25f), t2 = _mm256_set1_ps(rmax * 0.0625f);
     for (int j = 0; j < D; j += 8) {
         __m256 rv = _mm256_loadu_ps(range + j);
@@ -446,31 +385,204 @@ void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D,
         __m256i g2 = _mm256_castps_si256(_mm256_cmp_ps(rv, t2, _CMP_LE_OQ));
         _mm256_storeu_si256((__m256i *)(void *)(cg32 + j), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_add_epi32(g1, g2)));
     }
+}
+
+/* A key page's plan: what the kernel derives from the page bytes besides the
+ * codes, kept so a caller can compute it once per page and keep it beside
+ * the page (it is never part of the page format: it is derivable). Bytes:
+ *   [0] pairs n, [1] group mask, [2, 2 + 2n) the pairs' channels,
+ *   [2 + 2n, 2 + 3n) pair flags (PL_*), then [D] channel groups.
+ * Position-independent (channel numbers, not addresses): a plan serves the
+ * page's bytes wherever they lie. */
+enum { PL_HI = 1, PL_GRP = 2 /* 2 bits */, PL_FLUSH = 8, PL_FIRST = 16, PL_PAD0 = 32, PL_PAD1 = 64 };
+#define QK_PLAN_BYTES(D) (2 + 3 * ((D) / 2 + 3 * KGROUPS + 1) + (D))
+
+static void kqk_plan_of(uint8_t *plan, const uint8_t *page, int D, int G, int nb) {
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    float scale[KKV_MAX_HEAD_DIM + 8], mq[KKV_MAX_HEAD_DIM + 8];
+    int32_t cg32[KKV_MAX_HEAD_DIM + 8];
+    f16_row(scale, page + L.scale, D);
+    key_groups(mq, cg32, scale, page + L.idx, D, nb);
     kpairs P;
     kpairs_of(&P, page, &L, cg32, D, G, nb);
+    uint8_t *ch = plan + 2, *fl = ch + 2 * P.n, *cg = fl + P.n;
+    plan[0] = (uint8_t)P.n;
+    plan[1] = (uint8_t)P.gmask;
+    for (int p = 0; p < P.n; p++) {
+#ifdef KKV_INT_DPBUSD
+        P.flush[p] = 0; /* no widening schedule: kpairs_of leaves it unset */
+#endif
+        ch[2 * p] = (uint8_t)(P.ch[p][0] < 0 ? 0 : P.ch[p][0]);
+        ch[2 * p + 1] = (uint8_t)(P.ch[p][1] < 0 ? 0 : P.ch[p][1]);
+        fl[p] = (uint8_t)(P.has_hi[p] * PL_HI | P.grp[p] * PL_GRP | P.flush[p] * PL_FLUSH | P.first[p] * PL_FIRST |
+                          (P.ch[p][0] < 0) * PL_PAD0 | (P.ch[p][1] < 0) * PL_PAD1);
+    }
+    for (int j = 0; j < D; j++) cg[j] = (uint8_t)cg32[j];
+}
+
+/* The pair list, largest codes and groups of a page from its plan: the
+ * same values kpairs_of() and key_groups() give. */
+static void kpairs_bind(kpairs *P, float *mq, int32_t *cg32, const uint8_t *plan,
+                        const uint8_t *page, const kkv_key_layout *L, int D, int G, int nb) {
+    size_t row = (size_t)G / 4;
+    const uint8_t *idx = page + L->idx;
+    int n = plan[0];
+    const uint8_t *ch = plan + 2, *fl = ch + 2 * n, *cg = fl + n;
+    P->n = n;
+    P->gmask = plan[1];
+    for (int p = 0; p < n; p++) {
+        int f = fl[p];
+        for (int e = 0; e < 2; e++) {
+            int j = ch[2 * p + e], pad = f >> (5 + e) & 1;
+            P->ch[p][e] = (int16_t)(pad ? -1 : j);
+            P->lo[p][e] = pad ? zrow : page + L->lo + (size_t)j * row;
+            P->hi[p][e] = !pad && (f & PL_HI) && idx[j] < nb ? page + L->hi + (size_t)idx[j] * row : zrow;
+        }
+        P->has_hi[p] = (uint8_t)(f & PL_HI);
+        P->grp[p] = (uint8_t)(f >> 1 & 3);
+        P->flush[p] = (uint8_t)(f >> 3 & 1);
+        P->first[p] = (uint8_t)(f >> 4 & 1);
+    }
+    for (int j = 0; j < D; j += 8) {
+        __m256i m = lanes(D - j < 8 ? 4 : 8);
+        uint64_t ib = 0, gb = 0;
+        memcpy(&ib, idx + j, D - j < 8 ? 4 : 8);
+        memcpy(&gb, cg + j, D - j < 8 ? 4 : 8);
+        __m256i iv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)ib));
+        __m256 boosted = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nb), iv));
+        _mm256_storeu_ps(mq + j, _mm256_blendv_ps(_mm256_set1_ps(3.0f), _mm256_set1_ps(15.0f), boosted));
+        _mm256_storeu_si256((__m256i *)(void *)(cg32 + j), _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)gb)), m));
+    }
+}
+
+/* fold_query for RB heads in one pass over the channels (the page's scale,
+ * zero points, groups loaded once): per head the same lane operations in the
+ * same order, so the same bits. qi: [RB][KKV_MAX_HEAD_DIM + 8]; d:
+ * [RB][KGROUPS]; cst: [RB]. Returns 0 when some f_j of some head is not finite. */
+static int fold_queries(int32_t (*qi)[KKV_MAX_HEAD_DIM + 8], float *d, float *cst, const float *q,
+                        int RB, const float *scale, const float *mn, const float *mq,
+                        const int32_t *cg32, int gmask, int D) {
+    float f[RBI][KKV_MAX_HEAD_DIM + 8], fa[RBI][KKV_MAX_HEAD_DIM + 8]; /* [RB][D] folded query, |.| */
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 c[RBI], bad = _mm256_setzero_ps();
+    for (int r = 0; r < RB; r++) c[r] = _mm256_setzero_ps();
+    for (int j = 0; j < D; j += 8) {
+        __m256i m = lanes(D - j < 8 ? 4 : 8);
+        __m256 sv = _mm256_maskload_ps(scale + j, m), nv = _mm256_maskload_ps(mn + j, m);
+        for (int r = 0; r < RB; r++) {
+            __m256 qv = _mm256_maskload_ps(q + (size_t)r * D + j, m);
+            __m256 fv = _mm256_mul_ps(qv, sv);
+            _mm256_storeu_ps(f[r] + j, fv);
+            _mm256_storeu_ps(fa[r] + j, _mm256_and_ps(fv, absm));
+            c[r] = _mm256_fmadd_ps(qv, nv, c[r]);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(fv, fv), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+        }
+    }
+    if (_mm256_movemask_ps(bad)) return 0; /* inf or NaN */
+    __m256 mx[RBI][KGROUPS];
+    for (int r = 0; r < RB; r++)
+        for (int g = 0; g < KGROUPS; g++) mx[r][g] = _mm256_setzero_ps();
+    for (int j = 0; j < D; j += 8) { /* max is exact: any order gives the same bits */
+        __m256i m = lanes(D - j < 8 ? 4 : 8);
+        __m256i cv = _mm256_maskload_epi32(cg32 + j, m);
+        __m256 in[KGROUPS];
+        for (int g = 0; g < KGROUPS; g++)
+            in[g] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpeq_epi32(cv, _mm256_set1_epi32(g)), m));
+        for (int r = 0; r < RB; r++) {
+            __m256 av = _mm256_maskload_ps(fa[r] + j, m);
+            for (int g = 0; g < KGROUPS; g++) mx[r][g] = _mm256_max_ps(mx[r][g], _mm256_and_ps(av, in[g]));
+        }
+    }
+    __m256 tinv[RBI], td[RBI];
+    for (int r = 0; r < RB; r++) {
+        float gm[KGROUPS] = {0}, ginv[KGROUPS], *dr = d + r * KGROUPS;
+        for (int g = 0; g < KGROUPS; g++)
+            if (gmask >> g & 1) gm[g] = hmax(mx[r][g]);
+        for (int g = 0; g < KGROUPS; g++) {
+            dr[g] = gm[g] / 127.0f;
+            ginv[g] = gm[g] > 0.0f ? 127.0f / gm[g] : 0.0f;
+        }
+        tinv[r] = _mm256_setr_ps(ginv[0], ginv[1], ginv[2], 0, 0, 0, 0, 0);
+        td[r] = _mm256_setr_ps(dr[0], dr[1], dr[2], 0, 0, 0, 0, 0);
+    }
+    __m256 corr[RBI];
+    for (int r = 0; r < RB; r++) corr[r] = _mm256_setzero_ps();
+    for (int j = 0; j < D; j += 8) {
+        __m256i m = lanes(D - j < 8 ? 4 : 8);
+        __m256i gv = _mm256_loadu_si256((const __m256i *)(const void *)(cg32 + j));
+        __m256 mqv = _mm256_maskload_ps(mq + j, m), mf = _mm256_castsi256_ps(m);
+        for (int r = 0; r < RB; r++) {
+            __m256 fv = _mm256_maskload_ps(f[r] + j, m);
+            __m256 gi = _mm256_and_ps(_mm256_permutevar8x32_ps(tinv[r], gv), mf);
+            __m256 gd = _mm256_and_ps(_mm256_permutevar8x32_ps(td[r], gv), mf);
+            __m256i x = _mm256_cvtps_epi32(_mm256_mul_ps(fv, gi)); /* |x| <= 127 */
+            _mm256_storeu_si256((__m256i *)(void *)(qi[r] + j), x);
+            __m256 err = _mm256_fnmadd_ps(gd, _mm256_cvtepi32_ps(x), fv);
+            corr[r] = _mm256_fmadd_ps(err, mqv, corr[r]);
+        }
+    }
+    for (int r = 0; r < RB; r++) cst[r] = hsum(c[r]) + 0.5f * hsum(corr[r]);
+    return 1;
+}
+
+/* Scores of n_rep heads over a key page, given its pair list P, largest
+ * codes mq and groups cg32 (from the page, or from its plan). */
+static void qk_scores(float *s, const float *q, int n_rep, const uint8_t *page, const kpairs *P,
+                      const float *mq, const int32_t *cg32, int D, int G, int nb) {
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    float scale[KKV_MAX_HEAD_DIM + 8], mn[KKV_MAX_HEAD_DIM + 8]; /* [D] */
+    f16_row(scale, page + L.scale, D);
+    f16_row(mn, page + L.mn, D);
     for (int r0 = 0; r0 < n_rep; r0 += RBI) {
         int rb = n_rep - r0 < RBI ? n_rep - r0 : RBI;
         int16_t w[RBI][KPAIRS]; /* [RB][pair] (qi_a, qi_b) bytes */
         float d[RBI * KGROUPS], cst[RBI];
+        int32_t qi[RBI][KKV_MAX_HEAD_DIM + 8];
+        if (!fold_queries(qi, d, cst, q + (size_t)r0 * D, rb, scale, mn, mq, cg32, P->gmask, D)) {
+            kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
+            return;
+        }
         for (int r = 0; r < rb; r++) {
-            int32_t qi[KKV_MAX_HEAD_DIM + 8];
-            if (!fold_query(qi, d + r * KGROUPS, &cst[r], q + (size_t)(r0 + r) * D, scale, mn, mq, cg32, P.gmask, D)) {
-                kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
-                return;
-            }
-            qi[D] = 0; /* padding channel */
-            for (int p = 0; p < P.n; p++) {
-                int a = P.ch[p][0] < 0 ? D : P.ch[p][0], b = P.ch[p][1] < 0 ? D : P.ch[p][1];
-                w[r][p] = (int16_t)(uint16_t)((uint8_t)(int8_t)qi[a] | (unsigned)(uint8_t)(int8_t)qi[b] << 8);
+            qi[r][D] = 0; /* padding channel */
+            for (int p = 0; p < P->n; p++) {
+                int a = P->ch[p][0] < 0 ? D : P->ch[p][0], b = P->ch[p][1] < 0 ? D : P->ch[p][1];
+                w[r][p] = (int16_t)(uint16_t)((uint8_t)(int8_t)qi[r][a] | (unsigned)(uint8_t)(int8_t)qi[r][b] << 8);
             }
         }
         float *sr = s + (size_t)r0 * G;
         const int ldw = KPAIRS;
-        if (rb == 4) qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 4);
-        else if (rb == 3) qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 3);
-        else if (rb == 2) qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 2);
-        else qk_int_rb(sr, w[0], ldw, d, cst, &P, G, 1);
+        if (rb == 4) qk_int_rb(sr, w[0], ldw, d, cst, P, G, 4);
+        else if (rb == 3) qk_int_rb(sr, w[0], ldw, d, cst, P, G, 3);
+        else if (rb == 2) qk_int_rb(sr, w[0], ldw, d, cst, P, G, 2);
+        else qk_int_rb(sr, w[0], ldw, d, cst, P, G, 1);
     }
+}
+
+size_t KKV_INT_QK_PLAN_BYTES(int D) { return QK_PLAN_BYTES(D); }
+
+void KKV_INT_QK_PLAN(uint8_t *plan, const uint8_t *page, int D, int G, int nb) {
+    kqk_plan_of(plan, page, D, G, nb);
+}
+
+void KKV_INT_QK_RUN(float *s, const float *q, int n_rep, const uint8_t *page, const uint8_t *plan,
+                    int D, int G, int nb) {
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    float mq[KKV_MAX_HEAD_DIM + 8];
+    int32_t cg32[KKV_MAX_HEAD_DIM + 8];
+    kpairs P;
+    kpairs_bind(&P, mq, cg32, plan, page, &L, D, G, nb);
+    qk_scores(s, q, n_rep, page, &P, mq, cg32, D, G, nb);
+}
+
+void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    float scale[KKV_MAX_HEAD_DIM + 8], mq[KKV_MAX_HEAD_DIM + 8];
+    int32_t cg32[KKV_MAX_HEAD_DIM + 8];
+    f16_row(scale, page + L.scale, D);
+    key_groups(mq, cg32, scale, page + L.idx, D, nb);
+    kpairs P;
+    kpairs_of(&P, page, &L, cg32, D, G, nb);
+    qk_scores(s, q, n_rep, page, &P, mq, cg32, D, G, nb);
 }
 
 /* ================================================================ values */

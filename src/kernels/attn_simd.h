@@ -35,6 +35,19 @@ void kkv_avxvnni_qk_page(float *s, const float *q, int n_rep, const uint8_t *pag
                          int nb);
 void kkv_avxvnni_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
                          int bits);
+/* The key kernel in two steps (attn_int_impl.h). plan: what depends only on
+ * the page bytes (pair list, channel groups), written into plan_bytes(D)
+ * caller-owned bytes; position-independent, so it serves the page's bytes
+ * wherever they lie. page_plan: qk_page given that plan, bit-identical to
+ * qk_page. */
+#define KKV_QK_PLAN_DECL(pre)                                                                     \
+    size_t kkv_##pre##_qk_plan_bytes(int D);                                                      \
+    void   kkv_##pre##_qk_plan(uint8_t *plan, const uint8_t *page, int D, int G, int nb);         \
+    void   kkv_##pre##_qk_page_plan(float *s, const float *q, int n_rep, const uint8_t *page,     \
+                                    const uint8_t *plan, int D, int G, int nb);
+KKV_QK_PLAN_DECL(avx2i)
+KKV_QK_PLAN_DECL(vnni512)
+KKV_QK_PLAN_DECL(avxvnni)
 void kkv_avx2_softmax(float *s, float *ml, float *acc, int n_rep, int n, int D, float inv);
 #endif
 

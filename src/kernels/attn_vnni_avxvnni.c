@@ -5,4 +5,7 @@
 #define KKV_INT_DPBUSD(acc, u8, s8) _mm256_dpbusd_avx_epi32(acc, u8, s8)
 #define KKV_INT_QK kkv_avxvnni_qk_page
 #define KKV_INT_PV kkv_avxvnni_pv_page
+#define KKV_INT_QK_PLAN_BYTES kkv_avxvnni_qk_plan_bytes
+#define KKV_INT_QK_PLAN kkv_avxvnni_qk_plan
+#define KKV_INT_QK_RUN kkv_avxvnni_qk_page_plan
 #include "kernels/attn_int_impl.h"

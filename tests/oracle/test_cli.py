@@ -49,7 +49,7 @@ def main():
                         "--out-values", "--out-pages", "--json"],
         ("bench", "attention"): ["-m, --model", "-c, --ctx-size", "--kv LIST", "--methods",
                                  "-t, --threads", "--kernel", "--reps", "--bw-mb", "--json"],
-        ("bench", "decode"): ["-m, --model", "--depth", "--kv LIST", "-n, --n-predict",
+        ("bench", "decode"): ["-m, --model", "--depth", "--kv LIST", "-n, --n-predict", "--batch",
                               "-t, --threads", "--kernel", "--json"],
         ("bench", "flush"): ["-m, --model", "--kv SPEC", "--method", "-n, --n-predict",
                              "-t, --threads", "--kernel", "--no-baseline", "--json"],

@@ -36,7 +36,11 @@ enum {
     BO_BASELINE = 1 << 12, /* --no-baseline                     */
     BO_CTX1     = 1 << 13, /* --ctx N (one value)               */
     BO_PREFIX   = 1 << 14, /* --shared-prefix N                 */
+    BO_BATCH    = 1 << 15, /* --batch LIST                      */
 };
+
+/* Largest --batch value (sequences decoded together in one step). */
+#define BENCH_MAX_BATCH 256
 
 typedef struct bench_opts {
     const char *cmd;        /* "bench attention", for messages         */
@@ -59,6 +63,8 @@ typedef struct bench_opts {
     int         max_batch;
     int         baseline;   /* flush: also run fp16 as a noise floor   */
     int         shared_prefix; /* serve: tokens every sequence shares (0: none) */
+    int         batch[BENCH_MAX_LIST]; /* decode: batch sizes, ascending (default {1}) */
+    int         n_batch;
 } bench_opts;
 
 /* Parses argv[1..] into o (defaults already set by the caller; o->cmd set).

@@ -22,14 +22,19 @@ static void usage(FILE *f) {
             "Decode tokens/s of the model per KV method at each context depth. The context\n"
             "is synthetic K/V appended to every layer (prefill is not timed); each decode\n"
             "step runs the real model through kkv_model_forward.\n"
+            "With --batch B, a step decodes one token of each of B sequences at that depth\n"
+            "in one kkv_model_decode_batch (aggregate tok/s = B / step, CPU tok/s = B / CPU\n"
+            "time of the step); batch 1 is kkv_model_forward. One pool serves the model and\n"
+            "every cache.\n"
             "Defaults: --depth 0,4096,16384,32768  --methods fp16,kivi-k2v2,kitty,kitty-pro\n"
             "          -n 32 timed decode steps per method and depth  -t all cores  --kernel auto\n"
+            "          --batch 1\n"
             "Default model: %s\n",
             cli_default_model());
 }
 
 typedef struct row {
-    int    depth;
+    int    depth, batch;
     double med_s, q1_s, q3_s, min_s, cpu_s, bits;
 } row;
 
@@ -43,14 +48,32 @@ int bench_decode(int argc, char **argv) {
     int dflt[] = {0, 4096, 16384, 32768};
     memcpy(o.list, dflt, sizeof dflt);
     o.n_list = 4;
+    o.batch[0] = 1;
+    o.n_batch = 1;
     if (bench_set_methods(&o, "fp16,kivi-k2v2,kitty,kitty-pro")) return 2;
     int rc = bench_parse(&o, argc, argv,
-                         BO_MODEL | BO_DEPTH | BO_METHODS | BO_THREADS | BO_KERNEL | BO_N,
-                         usage);
+                         BO_MODEL | BO_DEPTH | BO_METHODS | BO_THREADS | BO_KERNEL | BO_N |
+                         BO_BATCH, usage);
     if (rc) return rc < 0 ? 0 : rc;
+    const int NB = o.n_batch, BMAX = o.batch[NB - 1];
 
+    /* One pool for the model and every cache, as `generate` and `serve` run:
+     * a pool per cache meant idle workers polling beside the model's (three
+     * or more threads wanting two cores at every attention call). */
+    kkv_threadpool *tp = NULL;
+    if (kkv_threadpool_create(&tp, o.threads) != KKV_OK) {
+        fprintf(stderr, "kittykv " CMD ": %s\n", kkv_last_error());
+        return 1;
+    }
     kkv_model *model;
-    if (bench_load_model(&model, &o, 0)) return 1;
+    bench_opts o1 = o;
+    o1.threads = 1; /* the model starts no workers of its own either */
+    if (bench_load_model(&model, &o1, 0) || kkv_model_set_threadpool(model, tp) != KKV_OK) {
+        if (model) fprintf(stderr, "kittykv " CMD ": %s\n", kkv_last_error());
+        kkv_model_free(model);
+        kkv_threadpool_free(tp);
+        return 1;
+    }
     kkv_model_info info;
     kkv_model_get_info(model, &info);
     bench_shape sh = bench_shape_of(model);
@@ -60,13 +83,15 @@ int bench_decode(int argc, char **argv) {
     int seqs[BENCH_MAX_METHODS] = {0};
     bench_synth g;
     memset(&g, 0, sizeof g);
-    float *logits = malloc((size_t)info.n_vocab * sizeof *logits);   /* [n_vocab] */
-    double *times = malloc((size_t)M * (N + 1) * sizeof *times);      /* [M][N] wall s */
-    double *cpu = malloc((size_t)M * (N + 1) * sizeof *cpu);          /* [M][N] CPU s */
-    row *rows = malloc((size_t)o.n_list * M * sizeof *rows);         /* [depths][M] */
+    float *logits = malloc((size_t)BMAX * info.n_vocab * sizeof *logits); /* [BMAX][n_vocab] */
+    double *times = malloc((size_t)NB * M * (N + 1) * sizeof *times); /* [NB][M][N] wall s */
+    double *cpu = malloc((size_t)NB * M * (N + 1) * sizeof *cpu);     /* [NB][M][N] CPU s */
+    row *rows = malloc((size_t)o.n_list * NB * M * sizeof *rows);    /* [depths][NB][M] */
+    int *bseqs = malloc((size_t)M * BMAX * sizeof *bseqs);           /* [M][BMAX] */
+    int32_t *btok = malloc((size_t)BMAX * sizeof *btok);             /* [BMAX] */
     kkv_kernel used = KKV_KERNEL_AUTO;
     rc = 0;
-    if (!logits || !times || !cpu || !rows ||
+    if (!logits || !times || !cpu || !rows || !bseqs || !btok ||
         bench_synth_init(&g, sh.n_layers, sh.n_kv_heads, sh.head_dim, 42)) {
         fprintf(stderr, "kittykv " CMD ": out of memory\n");
         rc = 1;
@@ -77,112 +102,149 @@ int bench_decode(int argc, char **argv) {
             break;
         }
         /* room for the deepest context plus every decode step of every depth */
-        size_t pool = bench_pool_for(&sh, last_depth + (N + 1) * o.n_list, 1);
+        size_t pool = bench_pool_for(&sh, last_depth + (N + 1) * o.n_list * NB, BMAX);
         kkv_cache_config cfg = kkv_model_cache_config(model, &o.methods[i], pool);
-        cfg.n_threads = o.threads;
-        cfg.max_seqs = 1;
+        cfg.n_threads = 1; /* no workers of its own: it borrows tp */
+        cfg.max_seqs = BMAX;
         if (kkv_cache_create(&caches[i], &cfg) != KKV_OK ||
-            kkv_cache_set_kernel(caches[i], o.kernel) != KKV_OK ||
-            kkv_seq_add(caches[i], &seqs[i]) != KKV_OK)
+            kkv_cache_set_threadpool(caches[i], tp) != KKV_OK ||
+            kkv_cache_set_kernel(caches[i], o.kernel) != KKV_OK) {
             rc = bench_fail(&o, o.method_names[i]);
-        else used = kkv_cache_get_kernel(caches[i]);
+            break;
+        }
+        for (int b = 0; b < BMAX && !rc; b++)
+            if (kkv_seq_add(caches[i], &bseqs[(size_t)i * BMAX + b]) != KKV_OK)
+                rc = bench_fail(&o, o.method_names[i]);
+        seqs[i] = bseqs[(size_t)i * BMAX];
+        if (!rc) used = kkv_cache_get_kernel(caches[i]);
     }
 
+    /* every sequence of every cache, for the synthetic fill */
+    kkv_cache **fillc = malloc((size_t)M * BMAX * sizeof *fillc); /* [M * BMAX] */
+    if (!fillc && !rc) {
+        fprintf(stderr, "kittykv " CMD ": out of memory\n");
+        rc = 1;
+    }
+    for (int i = 0; i < M && !rc; i++)
+        for (int b = 0; b < BMAX; b++) fillc[(size_t)i * BMAX + b] = caches[i];
     uint64_t trng = 12345;
     for (int d = 0; d < o.n_list && !rc; d++) {
         int depth = o.list[d];
         char label[48];
         snprintf(label, sizeof label, "synthetic context %d", depth);
-        /* every cache holds the same tokens, so one fill serves all */
+        /* every sequence holds the same tokens, so one fill serves all (sequences
+         * past the first batches hold fewer decoded tokens: depths are nominal) */
         if (kkv_seq_len(caches[0], seqs[0], 0) < depth &&
-            bench_fill(caches, seqs, M, depth, &g, label) != KKV_OK) {
+            bench_fill(fillc, bseqs, M * BMAX, depth, &g, label) != KKV_OK) {
             rc = bench_fail(&o, "filling the caches");
             break;
         }
-        /* one untimed warm-up step, then N timed steps, one per method in turn */
+        /* one untimed warm-up step, then N timed steps: every batch size of
+         * every method in turn */
         double t_start = cli_now();
         for (int s = 0; s <= N && !rc; s++) {
-            int32_t tok = (int32_t)(bench_rand(&trng) * 1e6f);
-            tok = (int32_t)((uint32_t)tok % (uint32_t)info.n_vocab);
-            for (int k = 0; k < M; k++) {
-                int i = bench_order(s, k, M);
-                double t0 = cli_now(), c0 = bench_cpu_now();
-                if (kkv_model_forward(model, caches[i], logits, seqs[i], &tok, 1, 0) != KKV_OK) {
-                    rc = bench_fail(&o, "decode");
-                    break;
+            for (int bi = 0; bi < NB && !rc; bi++) {
+                const int B = o.batch[bi];
+                for (int b = 0; b < B; b++) {
+                    int32_t tok = (int32_t)(bench_rand(&trng) * 1e6f);
+                    btok[b] = (int32_t)((uint32_t)tok % (uint32_t)info.n_vocab);
                 }
-                if (s > 0) {
-                    times[(size_t)i * N + s - 1] = cli_now() - t0;
-                    cpu[(size_t)i * N + s - 1] = bench_cpu_now() - c0;
+                for (int k = 0; k < M; k++) {
+                    int i = bench_order(s, k, M);
+                    double t0 = cli_now(), c0 = bench_cpu_now();
+                    kkv_status st = B == 1
+                        ? kkv_model_forward(model, caches[i], logits, seqs[i], btok, 1, 0)
+                        : kkv_model_decode_batch(model, caches[i], logits,
+                                                 bseqs + (size_t)i * BMAX, btok, B);
+                    if (st != KKV_OK) {
+                        rc = bench_fail(&o, "decode");
+                        break;
+                    }
+                    if (s > 0) {
+                        size_t at = ((size_t)bi * M + i) * N + s - 1;
+                        times[at] = cli_now() - t0;
+                        cpu[at] = bench_cpu_now() - c0;
+                    }
                 }
             }
             snprintf(label, sizeof label, "decode at %d", depth);
             cli_progress(label, s, N, cli_now() - t_start);
         }
-        for (int i = 0; i < M && !rc; i++) {
-            const double *t = times + (size_t)i * N;
-            kkv_mem mem;
-            kkv_seq_mem(caches[i], &mem, seqs[i]);
-            rows[(size_t)d * M + i] = (row){depth, bench_median(t, N), bench_quantile(t, N, 0.25),
-                                            bench_quantile(t, N, 0.75), bench_quantile(t, N, 0.0),
-                                            bench_median(cpu + (size_t)i * N, N),
-                                            mem.bits_per_element};
-        }
+        for (int bi = 0; bi < NB && !rc; bi++)
+            for (int i = 0; i < M; i++) {
+                const double *t = times + ((size_t)bi * M + i) * N;
+                kkv_mem mem;
+                kkv_seq_mem(caches[i], &mem, seqs[i]);
+                rows[((size_t)d * NB + bi) * M + i] =
+                    (row){depth, o.batch[bi], bench_median(t, N), bench_quantile(t, N, 0.25),
+                          bench_quantile(t, N, 0.75), bench_quantile(t, N, 0.0),
+                          bench_median(cpu + ((size_t)bi * M + i) * N, N), mem.bits_per_element};
+            }
     }
+    free(fillc);
 
     if (!rc) {
         int fp16 = -1;
         for (int i = 0; i < M; i++)
             if (o.methods[i].fp16) fp16 = i;
+        const int R = o.n_list * NB; /* rows of (depth, batch), each with M methods */
         printf("kittykv bench decode: %s (%d layers), %d thread%s, attention kernel %s; "
                "context = synthetic K/V (prefill not timed), decode = real model\n",
                info.name[0] ? info.name : info.arch, info.n_layers, o.threads,
                o.threads > 1 ? "s" : "", kkv_kernel_name(used));
-        printf("%-11s %7s %10s %10s %10s %10s %10s %8s %9s %8s\n", "method", "depth", "tok/s",
-               "ms/token", "ms IQR", "ms best", "cpu ms", "bits/el", "vs fp16", "cpu vs");
-        for (int d = 0; d < o.n_list; d++)
+        printf("%-11s %7s %5s %10s %10s %10s %10s %10s %10s %8s %9s %8s\n", "method", "depth",
+               "batch", "tok/s", "cpu tok/s", "ms/step", "ms IQR", "ms best", "cpu ms",
+               "bits/el", "vs fp16", "cpu vs");
+        for (int k = 0; k < R; k++)
             for (int i = 0; i < M; i++) {
-                const row *r = &rows[(size_t)d * M + i];
-                printf("%-11s %7d %10.2f %10.2f %10.2f %10.2f %10.2f %8.3f ", o.method_names[i],
-                       r->depth, 1.0 / r->med_s, r->med_s * 1e3, (r->q3_s - r->q1_s) * 1e3,
+                const row *r = &rows[(size_t)k * M + i];
+                printf("%-11s %7d %5d %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %8.3f ",
+                       o.method_names[i], r->depth, r->batch, r->batch / r->med_s,
+                       r->batch / r->cpu_s, r->med_s * 1e3, (r->q3_s - r->q1_s) * 1e3,
                        r->min_s * 1e3, r->cpu_s * 1e3, r->bits);
                 if (fp16 >= 0)
-                    printf("%8.2fx %7.2fx\n", rows[(size_t)d * M + fp16].med_s / r->med_s,
-                           rows[(size_t)d * M + fp16].cpu_s / r->cpu_s);
+                    printf("%8.2fx %7.2fx\n", rows[(size_t)k * M + fp16].med_s / r->med_s,
+                           rows[(size_t)k * M + fp16].cpu_s / r->cpu_s);
                 else printf("%9s %8s\n", "-", "-");
             }
-        printf("(median of %d interleaved single-token steps per point after one warm-up; "
-               "tok/s = 1 / median step; cpu ms: median CPU time of all threads)\n", N);
+        printf("(median of %d interleaved steps per point after one warm-up; a step decodes "
+               "one token of each of `batch` sequences; tok/s = batch / median step; cpu tok/s "
+               "= batch / median CPU time of the step, all threads)\n", N);
         if (o.json) {
             printf("{\"bench\":\"decode\",\"model\":");
             cli_json_str(stdout, info.name);
             printf(",\"threads\":%d,\"kernel\":", o.threads);
             cli_json_str(stdout, kkv_kernel_name(used));
             printf(",\"n\":%d,\"context\":\"synthetic\",\"rows\":[", N);
-            for (int d = 0; d < o.n_list; d++)
+            for (int k = 0; k < R; k++)
                 for (int i = 0; i < M; i++) {
-                    const row *r = &rows[(size_t)d * M + i];
-                    printf("%s{\"method\":", d || i ? "," : "");
+                    const row *r = &rows[(size_t)k * M + i];
+                    const row *f = fp16 >= 0 ? &rows[(size_t)k * M + fp16] : NULL;
+                    printf("%s{\"method\":", k || i ? "," : "");
                     cli_json_str(stdout, o.method_names[i]);
-                    printf(",\"depth\":%d,\"tok_s\":", r->depth);
-                    bench_json_num(stdout, 1.0 / r->med_s);
+                    printf(",\"depth\":%d,\"batch\":%d,\"tok_s\":", r->depth, r->batch);
+                    bench_json_num(stdout, r->batch / r->med_s);
+                    printf(",\"cpu_tok_s\":");
+                    bench_json_num(stdout, r->batch / r->cpu_s);
                     printf(",\"ms_per_token\":");
+                    bench_json_num(stdout, r->med_s * 1e3 / r->batch);
+                    printf(",\"ms_per_step\":");
                     bench_json_num(stdout, r->med_s * 1e3);
                     printf(",\"ms_q1\":");
                     bench_json_num(stdout, r->q1_s * 1e3);
                     printf(",\"ms_q3\":");
                     bench_json_num(stdout, r->q3_s * 1e3);
                     printf(",\"cpu_ms_per_token\":");
-                    bench_json_num(stdout, r->cpu_s * 1e3);
+                    bench_json_num(stdout, r->cpu_s * 1e3 / r->batch);
                     printf(",\"ms_min\":");
                     bench_json_num(stdout, r->min_s * 1e3);
                     printf(",\"bits_per_element\":");
                     bench_json_num(stdout, r->bits);
                     printf(",\"speedup_vs_fp16\":");
-                    if (fp16 >= 0) bench_json_num(stdout, rows[(size_t)d * M + fp16].med_s / r->med_s);
+                    if (f) bench_json_num(stdout, f->med_s / r->med_s);
                     else printf("null");
                     printf(",\"cpu_speedup_vs_fp16\":");
-                    if (fp16 >= 0) bench_json_num(stdout, rows[(size_t)d * M + fp16].cpu_s / r->cpu_s);
+                    if (f) bench_json_num(stdout, f->cpu_s / r->cpu_s);
                     else printf("null");
                     printf("}");
                 }
@@ -195,6 +257,9 @@ int bench_decode(int argc, char **argv) {
     free(times);
     free(cpu);
     free(rows);
+    free(bseqs);
+    free(btok);
     kkv_model_free(model);
+    kkv_threadpool_free(tp); /* after everything that borrows it */
     return rc;
 }

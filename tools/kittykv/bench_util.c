@@ -87,7 +87,7 @@ int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
                 void (*usage)(FILE *f)) {
     const char *cmd = o->cmd;
     const char *ctx_list = NULL, *depth_list = NULL, *methods = NULL, *method = NULL;
-    const char *kernel = NULL;
+    const char *kernel = NULL, *batch_list = NULL;
     int threads_given = 0, no_baseline = 0;
     float budget = (float)o->budget_mb;
     /* Every bench option, each with the mask bit that admits it. */
@@ -124,6 +124,9 @@ int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
                      "sequences fork one P-token prefix (kkv_seq_fork) and reserve\n"
                      "ctx - P tokens of their own; seqs/fp16 compares with fp16\n"
                      "without sharing (default 0: no sharing)"}},
+        {BO_BATCH, {0, "batch", OPT_LIST, 0, 0, &batch_list, NULL, "LIST",
+                    "sequences decoded together per step (kkv_model_decode_batch),\n"
+                    "comma-separated, 1..256 (default 1: kkv_model_forward)"}},
         {~0u, {0, "json", OPT_FLAG, 0, 0, &o->json, NULL, NULL,
                "also print one JSON object on the last line"}},
     };
@@ -155,6 +158,17 @@ int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
         if (bench_set_methods(o, method)) return 2;
     }
     if (kernel && parse_kernel(&o->kernel, kernel, cmd)) return 2;
+    if (batch_list) {
+        o->n_batch = cli_int_list(o->batch, BENCH_MAX_LIST, batch_list, cmd, "--batch");
+        if (o->n_batch < 0) return 2;
+        for (int j = 0; j < o->n_batch; j++)
+            if (o->batch[j] < 1 || o->batch[j] > BENCH_MAX_BATCH) {
+                fprintf(stderr, "kittykv %s: --batch value %d is outside 1..%d\n", cmd,
+                        o->batch[j], BENCH_MAX_BATCH);
+                return 2;
+            }
+        qsort(o->batch, (size_t)o->n_batch, sizeof o->batch[0], cmp_int);
+    }
     if (no_baseline) o->baseline = 0;
     o->budget_mb = budget;
     o->threads = cli_threads(threads_given ? o->threads : 0, cmd);
