@@ -176,6 +176,16 @@ typedef enum kkv_rot {
     KKV_ROT_RANDOM   = 2, /* a random orthogonal matrix seeded by `seed`       */
 } kkv_rot;
 
+/* Where a layer's boosted key channels go (docs/FORMAT.md section 5). The
+ * total stays round(alpha*D) * n_kv_heads per layer and page either way. */
+typedef enum kkv_budget {
+    KKV_BUDGET_NONE = 0, /* round(alpha*D) per head and page (the paper)          */
+    KKV_BUDGET_HEAD = 1, /* pooled over a layer's heads for the same G tokens and
+                            given to the best channels by the select score        */
+    KKV_BUDGET_ERR  = 2, /* the same, ranked by the measured squared-error cut of
+                            4 bits over 2 (with clip=1, of the clipped ranges)    */
+} kkv_budget;
+
 /* A quantization method. Keys: per channel in groups of `group` tokens, 2 bits,
  * round(alpha*D) channels per page boosted to 4 bits (alpha = 1: 4-bit keys).
  * Values: per token, value_bits bits. fp16 = 1 stores every token in fp16. */
@@ -201,6 +211,12 @@ typedef struct kkv_method {
     int        clip;       /* 1: each key channel's range searched for the least
                               squared error instead of min/max                    */
     int        value_clip; /* 1: the same for each value token's range            */
+    kkv_budget budget;     /* boost budget pooled over a layer's heads, or not    */
+    /* Fidelity study (stored fp16, counted fp16 by kkv_mem): round the sink's
+     * K and V / the window's values through int8, one fp16 absmax scale per
+     * token vector, as an 8-bit store would read them back. */
+    int        sink_int8;
+    int        window_int8;
 } kkv_method;
 
 /* Fills *out with the named method: "fp16", "kivi-k2v2", "kivi-k2v2s",
@@ -216,13 +232,15 @@ const char *const *kkv_method_names(void);
  * ':key=value' overrides, e.g. "kitty:alpha=0.5:select=random:seed=3".
  * Keys: alpha=F (0..1), select=magnitude|variance|random|oracle, seed=N,
  * sink=N, group=N, window=N, vbits=2|4, eager=0|1, select=range, pairs=0|1,
- * rot=none|hadamard|random, vrot=none|hadamard|random, clip=0|1, vclip=0|1.
+ * rot=none|hadamard|random, vrot=none|hadamard|random, clip=0|1, vclip=0|1,
+ * budget=none|head|err, sink8=0|1, win8=0|1.
  * select=oracle is KKV_SELECT_EXPLICIT
  * (the caller supplies rankings with kkv_cache_set_rank). A spec that sets
  * what its method would ignore is rejected: fp16 takes only group (its page
  * size), select/pairs need 0 < alpha < 1, seed needs select=random or a
  * random rotation, pairs cannot be combined with a key rotation (a rotation
- * mixes the rotary pairs).
+ * mixes the rotary pairs), budget needs 0 < alpha < 1 and select magnitude,
+ * variance or range, sink8 needs sink > 0 and win8 window > 0.
  * KKV_ERR_NOT_FOUND for an unknown name, KKV_ERR_INVALID_ARG otherwise. */
 kkv_status kkv_method_parse(kkv_method *out, const char *spec);
 
@@ -430,9 +448,17 @@ typedef struct kkv_seq_info {
 
 kkv_status kkv_seq_get_info(const kkv_cache *c, kkv_seq_info *out, int seq, int layer);
 
-/* Copies the key page `page` of (seq, layer, head) in the format above. */
+/* Copies the key page `page` of (seq, layer, head) in the format above. Its
+ * n_boost is kkv_seq_key_page_boost(); dst_bytes must be at least
+ * kkv_key_page_bytes(D, G, that). */
 kkv_status kkv_seq_key_page(const kkv_cache *c, void *dst, size_t dst_bytes, int seq,
                             int layer, int head, int page);
+
+/* Boosted channels of that key page: kkv_method_boost() for every page unless
+ * the method pools its budget (budget=head|err), where each page has its own,
+ * 0..D, summing to kkv_method_boost() * n_kv_heads over the heads. -1 (and
+ * nothing else) when there is no such page. Reads only. */
+int kkv_seq_key_page_boost(const kkv_cache *c, int seq, int layer, int head, int page);
 
 /* ---------------------------------------------------------------- accounting */
 

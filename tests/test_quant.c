@@ -65,7 +65,7 @@ static void test_methods(void) {
     const int tab[10][5] = {
         {1, 0, -1, 0, 0},  {0, 0, 2, 0, 0},  {0, 32, 2, 0, 0}, {0, 32, 2, 64, 128},
         {0, 32, 4, 0, 0}, {0, 0, 4, 64, 128}, {0, 32, 2, 8, 16}, {0, 32, 2, 16, 32},
-        {0, 32, 2, 20, 40}, {0, 32, 2, 28, 56},
+        {0, 32, 2, 20, 40}, {0, 32, 2, 33, 66},
     };
     int n = 0;
     while (names[n]) n++;
@@ -80,7 +80,8 @@ static void test_methods(void) {
         CHECK(kkv_method_check(&m, 64) == KKV_OK, "%s fails its own check: %s", want[i],
               kkv_last_error());
         if (m.fp16) continue;
-        CHECK(m.sink == tab[i][1] && m.group == 128 && m.window == 128 &&
+        /* kitty-plus-pro spends 32 window values on boosted channels */
+        CHECK(m.sink == tab[i][1] && m.group == 128 && m.window == (i == 9 ? 96 : 128) &&
                   m.value_bits == tab[i][2] && m.select == KKV_SELECT_MAGNITUDE,
               "%s: S=%d G=%d R=%d vbits=%d sel=%d", want[i], m.sink, m.group, m.window,
               m.value_bits, (int)m.select);

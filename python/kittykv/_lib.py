@@ -72,13 +72,18 @@ def _has_plus():
 
 HAS_PLUS = _has_plus()
 PLUS_FIELDS = ("pairs", "key_rot", "value_rot", "clip", "value_clip")
+# Libraries with kkv_seq_key_page_boost came with three more kkv_method fields
+# (the pooled budget and the int8 fidelity study of the fp16 parts).
+HAS_BUDGET = hasattr(core, "kkv_seq_key_page_boost")
+BUDGET_FIELDS = ("budget", "sink_int8", "window_int8")
 
 
 class Method(Structure):  # kkv_method
     _fields_ = [("fp16", c_int), ("sink", c_int), ("group", c_int), ("window", c_int),
                 ("alpha", c_float), ("value_bits", c_int), ("select", c_int),
                 ("seed", c_uint64)] + ([("eager_values", c_int)] if HAS_FORK else []) + \
-        ([(f, c_int) for f in PLUS_FIELDS] if HAS_PLUS else [])
+        ([(f, c_int) for f in PLUS_FIELDS] if HAS_PLUS else []) + \
+        ([(f, c_int) for f in BUDGET_FIELDS] if HAS_BUDGET else [])
 
 
 class CacheConfig(Structure):  # kkv_cache_config
@@ -203,6 +208,8 @@ _decl(core, "kkv_cache_set_rank", st, c_void_p, c_int, c_int, POINTER(c_ubyte))
 _decl(core, "kkv_seq_read", st, c_void_p, F32P, F32P, c_int, c_int, c_int)
 _decl(core, "kkv_seq_get_info", st, c_void_p, POINTER(SeqInfo), c_int, c_int)
 _decl(core, "kkv_seq_key_page", st, c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, c_int)
+if HAS_BUDGET:
+    _decl(core, "kkv_seq_key_page_boost", c_int, c_void_p, c_int, c_int, c_int, c_int)
 _decl(core, "kkv_seq_mem", st, c_void_p, POINTER(Mem), c_int)
 _decl(core, "kkv_cache_mem", st, c_void_p, POINTER(Mem))
 _decl(core, "kkv_cache_free_bytes", c_uint64, c_void_p)

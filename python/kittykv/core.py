@@ -63,7 +63,8 @@ class Method:
                     k = "eager_values"
                 if k not in ("sink", "group", "window", "alpha", "value_bits", "select",
                              "seed") + (("eager_values",) if _lib.HAS_FORK else ()) + \
-                        (_lib.PLUS_FIELDS if _lib.HAS_PLUS else ()):
+                        (_lib.PLUS_FIELDS if _lib.HAS_PLUS else ()) + \
+                        (_lib.BUDGET_FIELDS if _lib.HAS_BUDGET else ()):
                     raise InvalidArgument(f"Method: unknown field '{k}'")
                 setattr(m, k, v)
             # the library's own rules decide what is consistent: format what we
@@ -491,7 +492,13 @@ class Cache(Handle):
         kittykv.h, as a uint8 array."""
         m = self._cfg.method
         D = self._cfg.head_dim
-        n = _L.kkv_key_page_bytes(D, m.group, _L.kkv_method_boost(ctypes.byref(m), D))
+        with self._use() as c:
+            # a pooled budget (budget=head|err) gives each page its own n_boost
+            nb = (_L.kkv_seq_key_page_boost(c, int(seq), int(layer), int(head), int(page))
+                  if _lib.HAS_BUDGET else -1)
+        if nb < 0:
+            nb = _L.kkv_method_boost(ctypes.byref(m), D)
+        n = _L.kkv_key_page_bytes(D, m.group, nb)
         buf = np.empty(n, np.uint8)
         with self._use() as c:
             check(_L.kkv_seq_key_page(c, buf.ctypes.data, n, int(seq), int(layer), int(head),

@@ -22,6 +22,7 @@ typedef struct block {
     int             n;
     const uint16_t *k16;   /* [n][D] fp16 keys, or NULL */
     const uint8_t  *kpage; /* quantized key page (n == G), or NULL */
+    int             knb;   /* its boosted channels (budget=head|err: per page) */
     const uint16_t *v16;   /* [n - nq][D] fp16 values, or NULL */
     const uint8_t  *vpage; /* quantized value page (n == G, nq == 0), or NULL */
     /* eager values: the block's first nq values are rows vrow0.. of value
@@ -87,7 +88,7 @@ static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, c
     int D = c->D, n = b->n, m = n - skip;
     /* fp16 streams: the values are prefetched while the keys are scored, the
      * next page's keys (next_k, n rows) while the values are summed */
-    if (b->kpage) ops->qk_page(sc, q, n_rep, b->kpage, D, c->G, c->nb);
+    if (b->kpage) ops->qk_page(sc, q, n_rep, b->kpage, D, c->G, b->knb);
     else ops->qk_f16(sc, q, n_rep, b->k16, n, D, b->vsplit || b->vpage ? NULL : b->v16);
     if (skip) { /* rows [n_rep][n] -> [n_rep][m] in place (destinations never pass sources) */
         for (int r = 0; r < n_rep; r++)
@@ -194,6 +195,7 @@ static void run_task(void *arg, int task) {
             b.n = G;
             b.k16 = c->fp16 ? (const uint16_t *)(const void *)kp : NULL;
             b.kpage = c->fp16 ? NULL : kp;
+            b.knb = c->fp16 ? 0 : kkv_kpage_nb(c, J->s, p, J->layer, h);
             block_values(c, &b, J->s, J->layer, h, n, p * G);
             attend_block(c, acc, ml, sc, q, J->n_rep, &b, p == U->first ? U->skip : 0, next_k);
         }

@@ -31,6 +31,9 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
         if (cfg->layer_window[l] < 0)
             return kkv_fail(KKV_ERR_INVALID_ARG, "cache: layer_window[%d] = %d is negative", l,
                             cfg->layer_window[l]);
+    if (cfg->method.budget && cfg->n_kv_heads > KKV_MAX_BUDGET_HEADS)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "cache: budget pools at most %d KV heads, not %d",
+                        KKV_MAX_BUDGET_HEADS, cfg->n_kv_heads);
     if (cfg->method.select == KKV_SELECT_EXPLICIT && cfg->method.fp16)
         return kkv_fail(KKV_ERR_INVALID_ARG, "cache: explicit selection with fp16 method");
 
@@ -55,6 +58,8 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
         c->vpage = kkv_value_page_bytes(c->D, c->G, c->vbits);
     }
     c->eager = !c->fp16 && m->eager_values;
+    c->bmode = c->fp16 ? 0 : (int)m->budget;
+    c->kpage0 = c->fp16 ? 0 : kkv_key_page_bytes(c->D, c->G, 0);
     c->slot_bytes = (size_t)c->H * (c->kpage + c->vpage);
     c->max_k = c->G;
     c->max_v = c->eager ? c->R : c->R + c->G;
@@ -65,8 +70,9 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
     c->chunks = calloc(n_chunks ? n_chunks : 1, sizeof *c->chunks);
     c->seqs = calloc((size_t)c->cfg.max_seqs, sizeof *c->seqs);
     c->tile = malloc((size_t)c->G * c->D * sizeof *c->tile);
+    if (c->bmode) c->bscore = malloc((size_t)c->H * c->D * sizeof *c->bscore);
     kkv_status s = KKV_OK;
-    if (!c->chunks || !c->seqs || !c->tile)
+    if (!c->chunks || !c->seqs || !c->tile || (c->bmode && !c->bscore))
         s = kkv_fail(KKV_ERR_NOMEM, "cache: out of memory");
     c->cfg.layer_window = NULL;
     if (s == KKV_OK && cfg->layer_window) {
@@ -121,6 +127,7 @@ void kkv_cache_free(kkv_cache *c) {
     free(c->seqs);
     free(c->rank);
     free(c->tile);
+    free(c->bscore);
     free(c->attn_buf);
     free(c->win);
     free(c->krot);
@@ -255,6 +262,9 @@ kkv_status kkv_seq_fork(kkv_cache *c, int *child, int parent) {
             st = kkv_pool_take(c, &x->slots[q]);
             if (st == KKV_OK) {
                 memcpy(kkv_slot_ptr(c, x->slots[q]), kkv_slot_ptr(c, y->slots[q]), c->slot_bytes);
+                if (c->bmode)
+                    memcpy(kkv_slot_kpfx(c, x->slots[q]), kkv_slot_kpfx(c, y->slots[q]),
+                           (size_t)c->H * sizeof(uint16_t));
                 x->n_slots = q + 1; /* for the undo below: slots [full, q] are ours */
             }
         }
@@ -673,6 +683,21 @@ static void store_f16(uint16_t *dst, const float *x, int n) {
     for (int i = 0; i < n; i++) dst[i] = kkv_f16_store(x[i]);
 }
 
+/* sink8/win8 fidelity study: y [n] = x read back from int8 codes with one
+ * fp16 absmax scale (q = round(x / scale) in -127..127). The caller stores y
+ * in fp16, whose rounding (2^-11 relative) is far below the int8 step. */
+static const float *int8_round(float *y, const float *x, int n) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    float scale = kkv_f16_to_f32(kkv_f16_store(amax / 127.0f));
+    for (int i = 0; i < n; i++) {
+        float q = scale > 0.0f ? rintf(x[i] / scale) : 0.0f;
+        q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+        y[i] = q * scale;
+    }
+    return y;
+}
+
 /* A key page of the options beyond the paper: pair-aware ranking and/or
  * clipped ranges (docs/FORMAT.md section 5). kt: [G][D] fp16. Without clip
  * the kernel encodes with the ranking given as explicit, so its bytes are the
@@ -693,12 +718,44 @@ static void key_encode_plus(kkv_cache *c, uint8_t *dst, const uint16_t *kt, uint
                             order);
 }
 
+/* budget=head|err: key page p of every head of layer l from one pooled
+ * allocation. Scores first (one head's tile at a time), then the greedy
+ * split, then each head encoded with its own n_boost at its slot offset; the
+ * prefix row is written before any page, so the offsets are those pages'. */
+static void flush_keys_pooled(kkv_cache *c, kkv_seq *s, int l, int p) {
+    const kkv_method *m = &c->cfg.method;
+    size_t n = (size_t)c->G * c->D;
+    uint8_t order[KKV_MAX_BUDGET_HEADS * KKV_MAX_HEAD_DIM]; /* [H][D] */
+    int nb[KKV_MAX_BUDGET_HEADS];                           /* [H] */
+    for (int h = 0; h < c->H; h++) {
+        const uint16_t *kt = kkv_ktail(c, s, l, h);
+        for (size_t i = 0; i < n; i++) c->tile[i] = kkv_f16_to_f32(kt[i]);
+        float *sc = c->bscore + (size_t)h * c->D;
+        if (c->bmode == KKV_BUDGET_ERR) kkv_boost_gain(sc, c->tile, c->D, c->G, m->clip);
+        else kkv_score_channels(sc, c->tile, c->D, c->G, m->select);
+    }
+    kkv_budget_alloc(order, nb, c->bscore, c->H, c->D, c->H * c->nb, m->pairs,
+                     c->cfg.rope_neox, c->cfg.rope_dims);
+    int slot = s->ly[l].slots[p];
+    uint16_t *pfx = kkv_slot_kpfx(c, slot);
+    for (int h = 0, acc = 0; h < c->H; acc += nb[h], h++) pfx[h] = (uint16_t)acc;
+    for (int h = 0; h < c->H; h++) {
+        const uint16_t *kt = kkv_ktail(c, s, l, h);
+        for (size_t i = 0; i < n; i++) c->tile[i] = kkv_f16_to_f32(kt[i]);
+        kkv_key_encode_clip_ref(kkv_slot_kpage(c, slot, h), c->tile, c->D, c->G, nb[h],
+                                order + (size_t)h * c->D, m->clip);
+    }
+}
+
 /* Quantizes whatever Q-buffer of (s, l) is full. Slots and staging are ready. */
 static void flush_data(kkv_cache *c, kkv_seq *s, int l) {
     kkv_lseq *y = &s->ly[l];
     kkv_counts n = kkv_counts_of(c, s, l);
     size_t D = (size_t)c->D;
-    if (n.ktail == c->G) {
+    if (n.ktail == c->G && c->bmode) {
+        flush_keys_pooled(c, s, l, n.kp);
+        y->kp++;
+    } else if (n.ktail == c->G) {
         int p = n.kp;
         for (int h = 0; h < c->H; h++) {
             uint16_t *kt = kkv_ktail(c, s, l, h);
@@ -837,8 +894,16 @@ kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const fl
 
     kkv_counts cnt = kkv_counts_of(c, s, layer);
     int eager = c->eager && cnt.len >= c->S && cnt.vtail == c->R;
+    const kkv_method *m = &c->cfg.method;
     for (int h = 0; h < c->H; h++) {
         const float *kh = k + (size_t)h * c->D, *vh = v + (size_t)h * c->D;
+        float k8[KKV_MAX_HEAD_DIM], v8[KKV_MAX_HEAD_DIM]; /* [D] int8-rounded */
+        if (cnt.len < c->S && m->sink_int8) {
+            kh = int8_round(k8, kh, c->D);
+            vh = int8_round(v8, vh, c->D);
+        } else if (cnt.len >= c->S && m->window_int8) {
+            vh = int8_round(v8, vh, c->D);
+        }
         if (cnt.len < c->S) {
             store_f16(kkv_sink_k(c, s, layer, h) + (size_t)cnt.len * c->D, kh, c->D);
             store_f16(kkv_sink_v(c, s, layer, h) + (size_t)cnt.len * c->D, vh, c->D);

@@ -92,6 +92,14 @@ struct kkv_cache {
     size_t    attn_cap;
     /* beyond the paper (docs/FORMAT.md section 5) */
     float    *krot, *vrot;  /* [D][D] key / value rotation (stored = R x), or NULL */
+    /* budget=head|err: a slot is [H value pages][H key pages of nb_h rows
+     * each, sum nb_h = H * nb] (the same slot_bytes as the plain layout), and
+     * each chunk of slots ends in kpfx [KKV_SLOTS_PER_CHUNK][H] uint16: boosted
+     * rows of the slot's heads before head h. Bookkeeping like the page table:
+     * not in the pool's bytes. */
+    int       bmode;        /* kkv_budget of the method (0 for the fp16 method) */
+    size_t    kpage0;       /* bytes of a key page with no boosted channel */
+    float    *bscore;       /* [H][D] flush scratch: channel scores of a layer's heads */
     float    *rot_buf;      /* [rot_cap] rotated queries / appended K,V, grown on demand */
     size_t    rot_cap;
     const kkv_ops *ops;
@@ -125,13 +133,39 @@ static inline uint8_t *kkv_slot_ptr(const kkv_cache *c, int slot) {
     return c->chunks[slot / KKV_SLOTS_PER_CHUNK] +
            (size_t)(slot % KKV_SLOTS_PER_CHUNK) * c->slot_bytes;
 }
+/* budget mode: the prefix row [H] of a slot (see kkv_cache.bmode) */
+static inline uint16_t *kkv_slot_kpfx(const kkv_cache *c, int slot) {
+    return (uint16_t *)(void *)(c->chunks[slot / KKV_SLOTS_PER_CHUNK] +
+                                (size_t)KKV_SLOTS_PER_CHUNK * c->slot_bytes) +
+           (size_t)(slot % KKV_SLOTS_PER_CHUNK) * c->H;
+}
+/* Boosted channels (hi rows) of head h's key page in a slot. */
+static inline int kkv_slot_nb(const kkv_cache *c, int slot, int h) {
+    if (!c->bmode) return c->nb;
+    const uint16_t *x = kkv_slot_kpfx(c, slot);
+    return (h + 1 < c->H ? x[h + 1] : c->H * c->nb) - x[h];
+}
+static inline uint8_t *kkv_slot_kpage(const kkv_cache *c, int slot, int h) {
+    if (!c->bmode) return kkv_slot_ptr(c, slot) + (size_t)h * (c->kpage + c->vpage);
+    return kkv_slot_ptr(c, slot) + (size_t)c->H * c->vpage + (size_t)h * c->kpage0 +
+           (size_t)kkv_slot_kpfx(c, slot)[h] * (size_t)(c->G / 4);
+}
 static inline uint8_t *kkv_kpage_ptr(const kkv_cache *c, const kkv_seq *s, int p, int l,
                                      int h) {
-    return kkv_slot_ptr(c, s->ly[l].slots[p]) + (size_t)h * (c->kpage + c->vpage);
+    return kkv_slot_kpage(c, s->ly[l].slots[p], h);
 }
 static inline uint8_t *kkv_vpage_ptr(const kkv_cache *c, const kkv_seq *s, int p, int l,
                                      int h) {
-    return kkv_kpage_ptr(c, s, p, l, h) + c->kpage;
+    if (!c->bmode) return kkv_kpage_ptr(c, s, p, l, h) + c->kpage;
+    return kkv_slot_ptr(c, s->ly[l].slots[p]) + (size_t)h * c->vpage;
+}
+static inline int kkv_kpage_nb(const kkv_cache *c, const kkv_seq *s, int p, int l, int h) {
+    return kkv_slot_nb(c, s->ly[l].slots[p], h);
+}
+/* Bytes of each chunk's slot memory plus its budget bookkeeping. */
+static inline size_t kkv_chunk_bytes(const kkv_cache *c) {
+    return c->slot_bytes * KKV_SLOTS_PER_CHUNK +
+           (c->bmode ? (size_t)KKV_SLOTS_PER_CHUNK * c->H * sizeof(uint16_t) : 0);
 }
 
 /* Token counts of one layer, derived from (len, kp, vq). */

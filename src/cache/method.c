@@ -11,25 +11,30 @@ typedef struct {
     /* beyond the paper (docs/FORMAT.md section 5): 0 for the paper's methods */
     int eager, pairs, clip, value_clip;
     kkv_rot value_rot;
+    int window;        /* R (0 here = 128, the paper's) */
+    kkv_budget budget;
 } named_method;
 
 /* KIVI methods are the Kitty lifecycle with no boost (alpha 0: 2-bit keys,
  * alpha 1: 4-bit keys); S = 32 for the starred ('s') variants. */
 static const named_method methods[] = {
-    {"fp16", 1, 0, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE},
-    {"kivi-k2v2", 0, 0, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE},
-    {"kivi-k2v2s", 0, 32, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE},
-    {"kivi-k4v2s", 0, 32, 2, 1.0f, 0, 0, 0, 0, KKV_ROT_NONE},
-    {"kivi-k2v4s", 0, 32, 4, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE},
-    {"kivi-k4v4", 0, 0, 4, 1.0f, 0, 0, 0, 0, KKV_ROT_NONE},
-    {"kitty", 0, 32, 2, 0.125f, 0, 0, 0, 0, KKV_ROT_NONE},
-    {"kitty-pro", 0, 32, 2, 0.25f, 0, 0, 0, 0, KKV_ROT_NONE},
+    {"fp16", 1, 0, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
+    {"kivi-k2v2", 0, 0, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
+    {"kivi-k2v2s", 0, 32, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
+    {"kivi-k4v2s", 0, 32, 2, 1.0f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
+    {"kivi-k2v4s", 0, 32, 4, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
+    {"kivi-k4v4", 0, 0, 4, 1.0f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
+    {"kitty", 0, 32, 2, 0.125f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
+    {"kitty-pro", 0, 32, 2, 0.25f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
     /* Calibration-free, at kitty's / kitty-pro's bits (+0.05; docs/RESULTS.md
      * "Beyond the paper"): eager values free the value Q-buffer's fp16 bytes,
      * which buy more boosted channels; whole RoPE pairs; least-squares key
-     * ranges; values rotated (random, so any head_dim works). */
-    {"kitty-plus", 0, 32, 2, 0.3125f, 1, 1, 1, 0, KKV_ROT_RANDOM},
-    {"kitty-plus-pro", 0, 32, 2, 0.4375f, 1, 1, 1, 0, KKV_ROT_RANDOM},
+     * ranges; values rotated (random, so any head_dim works). kitty-plus-pro
+     * also pools its boost budget over a layer's heads and spends 32 window
+     * values' fp16 bytes on 4 more channels (docs/RESULTS.md, "Budget
+     * allocation and the fp16 parts"); its pairs did not pay there. */
+    {"kitty-plus", 0, 32, 2, 0.3125f, 1, 1, 1, 0, KKV_ROT_RANDOM, 0, KKV_BUDGET_NONE},
+    {"kitty-plus-pro", 0, 32, 2, 0.515625f, 1, 0, 1, 0, KKV_ROT_RANDOM, 96, KKV_BUDGET_HEAD},
 };
 #define N_METHODS (sizeof methods / sizeof methods[0])
 
@@ -51,7 +56,7 @@ kkv_status kkv_method_from_name(kkv_method *out, const char *name) {
         /* fp16 keeps whole fp16 pages: no sink or window is needed */
         out->sink = m->fp16 ? 0 : m->sink;
         out->group = 128;
-        out->window = m->fp16 ? 0 : 128;
+        out->window = m->fp16 ? 0 : (m->window ? m->window : 128);
         out->alpha = m->alpha;
         out->value_bits = m->value_bits;
         out->select = KKV_SELECT_MAGNITUDE;
@@ -61,6 +66,7 @@ kkv_status kkv_method_from_name(kkv_method *out, const char *name) {
         out->clip = m->clip;
         out->value_clip = m->value_clip;
         out->value_rot = m->value_rot;
+        out->budget = m->budget;
         return KKV_OK;
     }
     char shown[64];
@@ -110,7 +116,17 @@ kkv_status kkv_method_check(const kkv_method *m, int head_dim) {
     if (m->pairs && m->key_rot != KKV_ROT_NONE)
         return kkv_fail(KKV_ERR_INVALID_ARG,
                         "pairs cannot be combined with a key rotation (it mixes the rotary pairs)");
-    if (m->fp16 && (m->pairs || m->key_rot || m->value_rot || m->clip || m->value_clip))
-        return kkv_fail(KKV_ERR_INVALID_ARG, "fp16 takes no pairs, rotation or clipping");
+    if (m->fp16 && (m->pairs || m->key_rot || m->value_rot || m->clip || m->value_clip ||
+                    m->budget || m->sink_int8 || m->window_int8))
+        return kkv_fail(KKV_ERR_INVALID_ARG,
+                        "fp16 takes no pairs, rotation, clipping, budget or int8 parts");
+    if ((unsigned)m->budget > KKV_BUDGET_ERR)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "unknown budget %d", (int)m->budget);
+    if (m->budget && (!(m->alpha > 0.0f && m->alpha < 1.0f) ||
+                      m->select == KKV_SELECT_RANDOM || m->select == KKV_SELECT_EXPLICIT))
+        return kkv_fail(KKV_ERR_INVALID_ARG, "budget needs 0 < alpha < 1 and select magnitude, "
+                        "variance or range");
+    if ((m->sink_int8 | m->window_int8) & ~1)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "sink_int8 and window_int8 are 0 or 1");
     return KKV_OK;
 }

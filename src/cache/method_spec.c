@@ -49,6 +49,15 @@ static const char *rot_name(kkv_rot r) {
     return "?";
 }
 
+static const char *budget_name(kkv_budget b) {
+    switch (b) {
+    case KKV_BUDGET_NONE: return "none";
+    case KKV_BUDGET_HEAD: return "head";
+    case KKV_BUDGET_ERR: return "err";
+    }
+    return "?";
+}
+
 static int parse_rot(kkv_rot *out, const char *v) {
     if (!strcmp(v, "none")) *out = KKV_ROT_NONE;
     else if (!strcmp(v, "hadamard")) *out = KKV_ROT_HADAMARD;
@@ -60,7 +69,8 @@ static int parse_rot(kkv_rot *out, const char *v) {
 /* Applies one key=value to m; which keys were set go into *set (bit per key). */
 enum { SET_ALPHA = 1, SET_SELECT = 2, SET_SEED = 4, SET_SINK = 8, SET_GROUP = 16,
        SET_WINDOW = 32, SET_VBITS = 64, SET_EAGER = 128, SET_PAIRS = 256, SET_ROT = 512,
-       SET_VROT = 1024, SET_CLIP = 2048, SET_VCLIP = 4096 };
+       SET_VROT = 1024, SET_CLIP = 2048, SET_VCLIP = 4096, SET_BUDGET = 8192,
+       SET_SINK8 = 16384, SET_WIN8 = 32768 };
 
 static kkv_status apply(kkv_method *m, unsigned *set, const char *spec, const char *key,
                         const char *val) {
@@ -114,10 +124,22 @@ static kkv_status apply(kkv_method *m, unsigned *set, const char *spec, const ch
     } else if (!strcmp(key, "vclip")) {
         bad = parse_int(&m->value_clip, val, 0, 1);
         bit = SET_VCLIP;
+    } else if (!strcmp(key, "budget")) {
+        if (!strcmp(val, "none")) m->budget = KKV_BUDGET_NONE;
+        else if (!strcmp(val, "head")) m->budget = KKV_BUDGET_HEAD;
+        else if (!strcmp(val, "err")) m->budget = KKV_BUDGET_ERR;
+        else bad = 1;
+        bit = SET_BUDGET;
+    } else if (!strcmp(key, "sink8")) {
+        bad = parse_int(&m->sink_int8, val, 0, 1);
+        bit = SET_SINK8;
+    } else if (!strcmp(key, "win8")) {
+        bad = parse_int(&m->window_int8, val, 0, 1);
+        bit = SET_WIN8;
     } else {
         return kkv_fail(KKV_ERR_INVALID_ARG,
                         "method spec '%s': unknown key '%s' (alpha, select, seed, sink, group, "
-                        "window, vbits, eager, pairs, rot, vrot, clip, vclip)", spec, key);
+                        "window, vbits, eager, pairs, rot, vrot, clip, vclip, budget, sink8, win8)", spec, key);
     }
     if (bad)
         return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': bad value '%s' for %s", spec,
@@ -170,6 +192,15 @@ kkv_status kkv_method_parse(kkv_method *out, const char *spec) {
     if (m.pairs && m.key_rot != KKV_ROT_NONE)
         return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': pairs cannot be combined with a "
                         "key rotation (it mixes the rotary pairs)", spec);
+    if (m.budget != KKV_BUDGET_NONE &&
+        (!partial_boost || m.select == KKV_SELECT_RANDOM || m.select == KKV_SELECT_EXPLICIT))
+        return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': budget pools boosted channels "
+                        "by a measured score: it needs 0 < alpha < 1 and select magnitude, "
+                        "variance or range", spec);
+    if (m.sink_int8 && m.sink == 0)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': sink8 needs a sink", spec);
+    if (m.window_int8 && m.window == 0)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': win8 needs a window", spec);
     *out = m;
     return KKV_OK;
 }
@@ -190,6 +221,9 @@ static unsigned differ(const kkv_method *a, const kkv_method *b) {
     if (a->value_rot != b->value_rot) d |= SET_VROT;
     if (a->clip != b->clip) d |= SET_CLIP;
     if (a->value_clip != b->value_clip) d |= SET_VCLIP;
+    if (a->budget != b->budget) d |= SET_BUDGET;
+    if (a->sink_int8 != b->sink_int8) d |= SET_SINK8;
+    if (a->window_int8 != b->window_int8) d |= SET_WIN8;
     return d;
 }
 
@@ -211,7 +245,7 @@ kkv_status kkv_method_format(char *buf, size_t cap, size_t *n_out, const kkv_met
         unsigned d = differ(&b, m);
         if (!best || popcount(d) < popcount(best_d)) best = *n, best_d = d;
     }
-    char tmp[SPEC_MAX + 160]; /* every override at its longest fits */
+    char tmp[SPEC_MAX + 200]; /* every override at its longest fits */
     int len = snprintf(tmp, sizeof tmp, "%s", best ? best : "fp16");
     if (m->fp16) {
         if (best_d & SET_GROUP) len += snprintf(tmp + len, sizeof tmp - len, ":group=%d",
@@ -242,6 +276,12 @@ kkv_status kkv_method_format(char *buf, size_t cap, size_t *n_out, const kkv_met
                                                m->clip);
         if (best_d & SET_VCLIP) len += snprintf(tmp + len, sizeof tmp - len, ":vclip=%d",
                                                 m->value_clip);
+        if (best_d & SET_BUDGET) len += snprintf(tmp + len, sizeof tmp - len, ":budget=%s",
+                                                 budget_name(m->budget));
+        if (best_d & SET_SINK8) len += snprintf(tmp + len, sizeof tmp - len, ":sink8=%d",
+                                                m->sink_int8);
+        if (best_d & SET_WIN8) len += snprintf(tmp + len, sizeof tmp - len, ":win8=%d",
+                                               m->window_int8);
     }
     if (n_out) *n_out = (size_t)len;
     if ((size_t)len + 1 > cap)

@@ -20,7 +20,7 @@ kkv_status kkv_pool_take(kkv_cache *c, int *slot) {
             if (fs) c->free_slots = fs;
             uint32_t *rf = fs ? realloc(c->ref, n * sizeof *rf) : NULL;
             if (rf) c->ref = rf;
-            if (!c->chunks[chunk] && rf) c->chunks[chunk] = malloc(c->slot_bytes * KKV_SLOTS_PER_CHUNK);
+            if (!c->chunks[chunk] && rf) c->chunks[chunk] = malloc(kkv_chunk_bytes(c));
             if (!c->chunks[chunk]) return kkv_fail(KKV_ERR_NOMEM, "page pool: out of memory");
         }
         c->ref[c->n_made] = 0;

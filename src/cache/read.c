@@ -33,7 +33,7 @@ kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int lay
             }
             const uint8_t *pg = kkv_kpage_ptr(c, s, p, layer, head);
             if (c->fp16) widen_rows(o, (const uint16_t *)(const void *)pg, G, D);
-            else kkv_key_decode_ref(o, pg, D, G, c->nb);
+            else kkv_key_decode_ref(o, pg, D, G, kkv_kpage_nb(c, s, p, layer, head));
         }
         widen_rows(o, kkv_ktail(c, s, layer, head), n.ktail, D);
         if (c->krot) kkv_rot_back_rows(k, c->krot, n.len, D); /* stored rotated */
@@ -72,14 +72,24 @@ kkv_status kkv_seq_key_page(const kkv_cache *c, void *dst, size_t dst_bytes, int
         page >= s->ly[layer].kp)
         return kkv_fail(KKV_ERR_INVALID_ARG, "key_page: no page %d at layer %d head %d", page,
                         layer, head);
-    if (!dst || dst_bytes < c->kpage)
-        return kkv_fail(KKV_ERR_INVALID_ARG, "key_page: buffer of %zu bytes, page has %zu",
-                        dst_bytes, c->kpage);
     if (page < kkv_counts_of(c, s, layer).drop)
         return kkv_fail(KKV_ERR_NOT_FOUND, "key_page: page %d of layer %d was released (before "
                         "the layer's window)", page, layer);
-    memcpy(dst, kkv_kpage_ptr(c, s, page, layer, head), c->kpage);
+    size_t bytes = c->fp16 ? c->kpage
+                           : kkv_key_page_bytes(c->D, c->G, kkv_kpage_nb(c, s, page, layer, head));
+    if (!dst || dst_bytes < bytes)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "key_page: buffer of %zu bytes, page has %zu",
+                        dst_bytes, bytes);
+    memcpy(dst, kkv_kpage_ptr(c, s, page, layer, head), bytes);
     return KKV_OK;
+}
+
+int kkv_seq_key_page_boost(const kkv_cache *c, int seq, int layer, int head, int page) {
+    const kkv_seq *s = c ? kkv_seq_get(c, seq) : NULL;
+    if (!s || layer < 0 || layer >= c->L || head < 0 || head >= c->H || page < 0 ||
+        page >= s->ly[layer].kp || page < kkv_counts_of(c, s, layer).drop)
+        return -1;
+    return c->fp16 ? 0 : kkv_kpage_nb(c, s, page, layer, head);
 }
 
 kkv_status kkv_seq_get_info(const kkv_cache *c, kkv_seq_info *out, int seq, int layer) {

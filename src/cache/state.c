@@ -73,6 +73,8 @@ static uint32_t plus_options(const kkv_cache *c) {
                  (uint32_t)m->key_rot << 3 | (uint32_t)m->value_rot << 5;
     /* the pair map decides the boosted set of the pages still to come */
     if (m->pairs) o |= (uint32_t)(c->cfg.rope_neox != 0) << 7 | (uint32_t)c->cfg.rope_dims << 8;
+    /* bits 8..16 hold rope_dims (at most 256) */
+    o |= (uint32_t)c->bmode << 17 | (uint32_t)m->sink_int8 << 19 | (uint32_t)m->window_int8 << 20;
     return o;
 }
 
@@ -118,7 +120,15 @@ static void put_seq(wbuf *w, const kkv_cache *c, const kkv_seq *s, const kkv_sta
         for (int h = 0; h < c->H; h++) {
             put_f16(w, kkv_sink_k(c, s, l, h), (size_t)n.sink_held * D);
             put_f16(w, kkv_sink_v(c, s, l, h), (size_t)n.sink_held * D);
-            for (int p = n.drop; p < n.kp; p++) put(w, kkv_kpage_ptr(c, s, p, l, h), c->kpage);
+            for (int p = n.drop; p < n.kp; p++) {
+                size_t kb = c->kpage;
+                if (c->bmode) { /* budget=head|err: each page's n_boost before it */
+                    int nb = kkv_kpage_nb(c, s, p, l, h);
+                    put_u32(w, (uint32_t)nb);
+                    kb = kkv_key_page_bytes(c->D, c->G, nb);
+                }
+                put(w, kkv_kpage_ptr(c, s, p, l, h), kb);
+            }
             for (int p = n.drop; p < n.vp; p++) put(w, kkv_vpage_ptr(c, s, p, l, h), c->vpage);
             int part = n.vq % c->G; /* eager: rows of the page being written */
             if (part) {
@@ -222,20 +232,20 @@ static int rows_finite(const uint8_t *b, size_t n) {
 
 /* A key page whose index could send a kernel out of bounds, or whose fp16
  * parts are not finite, is malformed. */
-static const char *bad_key_page(const kkv_cache *c, const uint8_t *pg) {
+static const char *bad_key_page(const kkv_cache *c, const uint8_t *pg, int nb) {
     if (c->fp16) return rows_finite(pg, (size_t)c->G * c->D) ? NULL : "non-finite fp16 key";
-    kkv_key_layout kl = kkv_key_layout_of(c->D, c->G, c->nb);
+    kkv_key_layout kl = kkv_key_layout_of(c->D, c->G, nb);
     uint8_t used[KKV_MAX_HEAD_DIM] = {0};
     int boosted = 0;
     for (int j = 0; j < c->D; j++) {
         int r = pg[kl.idx + j];
-        if (r > c->nb) return "key page index out of range";
-        if (r < c->nb) {
+        if (r > nb) return "key page index out of range";
+        if (r < nb) {
             if (used[r]++) return "key page index uses a row twice";
             boosted++;
         }
     }
-    if (boosted != c->nb) return "key page boosts the wrong number of channels";
+    if (boosted != nb) return "key page boosts the wrong number of channels";
     if (!rows_finite(pg + kl.scale, 2 * (size_t)c->D)) return "non-finite key scale or min";
     return NULL;
 }
@@ -275,7 +285,8 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
     if (memcmp(h + 64, want + 64, 12)) return fmt("made for another model shape (layers, KV heads, head_dim)");
     if (memcmp(h + 80, want + 80, 8)) return fmt("made with another model (fingerprint differs)");
     if (memcmp(h + 76, want + 76, 4))
-        return fmt("made with other options beyond the paper (pairs, rotation, clipping, RoPE layout)");
+        return fmt("made with other options beyond the paper (pairs, rotation, clipping, RoPE "
+                   "layout, budget, int8 parts)");
     if (memcmp(h + 92, want + 92, 4))
         return fmt("made with other layer windows (sliding-window layers differ)");
     if (nt > (uint32_t)(r.n - r.at) / 4) return fmt("truncated token list");
@@ -325,7 +336,7 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
                                        (int)ld_u32(cnt + 12 * l + 8), win_of(c, l));
         uint64_t part = (uint64_t)(k.vq % G) * (vrow + (c->fp16 ? 0 : 4));
         body += (uint64_t)c->H * ((uint64_t)(2 * k.sink_held + k.ktail + k.vtail) * D * 2 +
-                                  (uint64_t)(k.kp - k.drop) * c->kpage +
+                                  (uint64_t)(k.kp - k.drop) * (c->kpage + (c->bmode ? 4 : 0)) +
                                   (uint64_t)(k.vp - k.drop) * c->vpage + part);
     }
     if (body != r.n - r.at) return fmt(body > r.n - r.at ? "truncated contents" : "trailing bytes");
@@ -375,9 +386,30 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
                 for (size_t e = 0; e < rows[i] * D; e++) dst[i][e] = kkv_ld16(b + 2 * e);
             }
             for (int p = k.drop; p < k.kp && !why; p++) {
-                take(&r, c->kpage, &b);
-                why = bad_key_page(c, b);
-                memcpy(kkv_kpage_ptr(c, &t, p, l, hh), b, c->kpage);
+                int nb = c->nb;
+                if (c->bmode) { /* the page's n_boost: the slot's rows must add up */
+                    uint16_t *pfx = kkv_slot_kpfx(c, t.ly[l].slots[p]);
+                    if (take(&r, 4, &b)) {
+                        why = "truncated contents";
+                        break;
+                    }
+                    uint32_t v = ld_u32(b);
+                    if (hh == 0) pfx[0] = 0;
+                    uint32_t end = (uint32_t)pfx[hh] + v, all = (uint32_t)(c->H * c->nb);
+                    if (v > (uint32_t)c->D || end > all || (hh + 1 == c->H && end != all)) {
+                        why = "key pages of a layer boost the wrong number of channels";
+                        break;
+                    }
+                    if (hh + 1 < c->H) pfx[hh + 1] = (uint16_t)end;
+                    nb = (int)v;
+                }
+                size_t kb = c->fp16 ? c->kpage : kkv_key_page_bytes(c->D, G, nb);
+                if (take(&r, kb, &b)) {
+                    why = "truncated contents";
+                    break;
+                }
+                why = bad_key_page(c, b, nb);
+                memcpy(kkv_kpage_ptr(c, &t, p, l, hh), b, kb);
             }
             for (int p = k.drop; p < k.vp && !why; p++) {
                 take(&r, c->vpage, &b);

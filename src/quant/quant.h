@@ -53,6 +53,24 @@ static inline uint8_t kkv_quant_code(float x, const kkv_qparams *p, int maxq) {
 void kkv_rank_channels(uint8_t *order, const float *k, int D, int G, kkv_select sel,
                        uint64_t seed, uint64_t page, const uint8_t *explicit_rank);
 
+/* score [D] of channel ranking sel = magnitude, variance or range over k
+ * [G][D] (what kkv_rank_channels sorts by). */
+void kkv_score_channels(float *score, const float *k, int D, int G, kkv_select sel);
+
+/* Pooled boost budget (budget.c). kkv_boost_gain: score [D] = squared error
+ * over the page of channel j at 2 bits minus at 4 bits (ranges as the codec
+ * picks them: clipped when clip = 1). kkv_budget_alloc: given score [H][D]
+ * (larger = boost first), gives `total` boosted channels to the channels of
+ * all H heads greedily by score per channel, whole RoPE pairs (pairs = 1, the
+ * map of kkv_rank_pairs, a pair valued at the mean of its two) while they fit,
+ * ties to the lower head, then the lower channel. Out: nb [H] per head (sum =
+ * total), order [H][D] per head, boosted channels first in the order taken,
+ * then the rest ascending. -1 (nothing written) on a bad shape. */
+#define KKV_MAX_BUDGET_HEADS 32
+void kkv_boost_gain(float *score, const float *k, int D, int G, int clip);
+int  kkv_budget_alloc(uint8_t *order, int *nb, const float *score, int H, int D, int total,
+                      int pairs, int neox, int rope_dims);
+
 /* order: [D] channels sorted by score [D], descending, ties to the lower
  * index. Every kernel ranks through this, so their pages agree. */
 void kkv_order_channels(uint8_t *order, const float *score, int D);

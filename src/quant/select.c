@@ -19,7 +19,7 @@ void kkv_order_channels(uint8_t *order, const float *score, int D) {
 }
 
 /* score [D] of the deterministic signals: magnitude, variance, range. */
-static void score_channels(float *score, const float *k, int D, int G, kkv_select sel) {
+void kkv_score_channels(float *score, const float *k, int D, int G, kkv_select sel) {
     if (sel == KKV_SELECT_RANGE) {
         /* (max - min)^2: boosting channel j cuts its min/max squared error by
          * that times (1/9 - 1/225)/12 for evenly spread data */
@@ -65,7 +65,7 @@ void kkv_rank_channels(uint8_t *order, const float *k, int D, int G, kkv_select 
         /* 24 random bits: exact in a float; ties go to the lower index */
         for (int j = 0; j < D; j++) score[j] = (float)(kkv_mix64(s, (uint64_t)j) >> 40);
     } else {
-        score_channels(score, k, D, G, sel);
+        kkv_score_channels(score, k, D, G, sel);
     }
     kkv_order_channels(order, score, D);
 }
@@ -76,7 +76,7 @@ void kkv_rank_pairs(uint8_t *order, const float *k, int D, int G, kkv_select sel
                     int rope_dims) {
     float score[KKV_MAX_HEAD_DIM], pscore[KKV_MAX_HEAD_DIM]; /* [D] channel, [n_pairs] pair */
     uint8_t first[KKV_MAX_HEAD_DIM], second[KKV_MAX_HEAD_DIM], porder[KKV_MAX_HEAD_DIM];
-    score_channels(score, k, D, G, sel);
+    kkv_score_channels(score, k, D, G, sel);
     int R = rope_dims > 0 && rope_dims <= D ? rope_dims & ~1 : D, half = R / 2, np = 0;
     for (int j = 0; j < R; j++) {
         int mate = neox ? (j < half ? j + half : j - half) : (j ^ 1);

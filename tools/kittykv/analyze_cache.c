@@ -168,8 +168,7 @@ int an_stability(an_ctx *a) {
     }
     kkv_cache *c = NULL;
     int seq, rc = 1;
-    const size_t pb = kkv_key_page_bytes(D, G, nb);
-    const size_t idx_off = (size_t)D * G / 4 + (size_t)nb * G / 4;
+    const size_t pb = kkv_key_page_bytes(D, G, D); /* budget=head|err: up to D boosted */
     uint8_t *page = malloc(pb);                                /* one key page */
     uint8_t *sets = malloc((size_t)n_pages * D);               /* [page][D] 1 = boosted */
     double *lay = calloc((size_t)NL * 3, sizeof *lay);          /* [layer] mean, min, max */
@@ -197,7 +196,9 @@ int an_stability(an_ctx *a) {
                     an_fail(a, "reading a key page");
                     goto done;
                 }
-                for (int j = 0; j < D; j++) sets[(size_t)p * D + j] = page[idx_off + j] != nb;
+                const int pnb = kkv_seq_key_page_boost(c, seq, l, h, p);
+                const size_t idx_off = (size_t)D * G / 4 + (size_t)pnb * G / 4;
+                for (int j = 0; j < D; j++) sets[(size_t)p * D + j] = page[idx_off + j] != pnb;
             }
             for (int p = 1; p < n_pages; p++) {
                 int inter = 0, uni = 0;

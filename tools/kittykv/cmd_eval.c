@@ -35,6 +35,8 @@ static const char *const EPILOG =
     "  rot=none|hadamard|random   keys stored rotated, queries rotated alike\n"
     "  vrot=none|hadamard|random  values stored rotated, outputs rotated back\n"
     "  clip=0|1 vclip=0|1   key channel / value token ranges by least squares\n"
+    "  budget=none|head|err a layer's boosted channels pooled over its KV heads\n"
+    "  sink8=0|1 win8=0|1   fidelity study: sink / window read back as int8\n"
     "  (seed also seeds a random rotation)\n"
     "  e.g. kitty:alpha=0.5:select=random:seed=3, kitty:pairs=1:clip=1\n"
     "Options a method ignores are errors (fp16 takes only group).\n"
