@@ -14,6 +14,7 @@
 #include "kittykv_cpu.h"
 #include "quant/quant.h"
 #include "testutil.h"
+#include "tu_ref_attend.h"
 
 enum { L = 2, H = 3, D = 64, G = 128, NQ = 6, T = 32 + 3 * 128 + 40 };
 
@@ -87,24 +88,6 @@ static void test_alloc(void) {
     CHECK(sum == 33 && split == 1, "pairs: total %d (want 33), split pairs %d (want 1)", sum,
           split);
     CHECK(kkv_budget_alloc(order, nb, sc, 4, D, 4 * D + 1, 0, 0, 0) == -1, "total > H*D taken");
-}
-
-static void ref_attend(double *o, const float *q, const float *k, const float *v, int n) {
-    double mx = -INFINITY, *s = malloc((size_t)n * sizeof *s), l = 0.0;
-    for (int t = 0; t < n; t++) {
-        double d = 0.0;
-        for (int j = 0; j < D; j++) d += (double)q[j] * k[(size_t)t * D + j];
-        s[t] = d / sqrt((double)D);
-        mx = s[t] > mx ? s[t] : mx;
-    }
-    for (int j = 0; j < D; j++) o[j] = 0.0;
-    for (int t = 0; t < n; t++) {
-        double p = exp(s[t] - mx);
-        l += p;
-        for (int j = 0; j < D; j++) o[j] += p * v[(size_t)t * D + j];
-    }
-    for (int j = 0; j < D; j++) o[j] /= l;
-    free(s);
 }
 
 static uint8_t *save(kkv_cache *c, int seq, size_t *n) {
@@ -204,7 +187,7 @@ static void test_pooled(const char *spec, const char *plain_spec) {
             for (int rr = 0; rr < NQ / H; rr++) {
                 double ref[D];
                 int qh = h * (NQ / H) + rr;
-                ref_attend(ref, q + (size_t)qh * D, rk, rv, T);
+                tu_ref_attend(ref, q + (size_t)qh * D, rk, rv, T, D);
                 for (int j = 0; j < D; j++) worst = fmax(worst, fabs(ref[j] - o[qh * D + j]));
             }
         }

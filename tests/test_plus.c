@@ -12,6 +12,7 @@
 #include "kittykv.h"
 #include "kittykv_cpu.h"
 #include "testutil.h"
+#include "tu_ref_attend.h"
 
 static kkv_cache *make(const char *spec, int L, int H, int D, int neox, int rope_dims,
                        int threads) {
@@ -78,25 +79,6 @@ static void test_pairs(void) {
     }
 }
 
-/* Reference attention in double over read-back K/V [n][D]. */
-static void ref_attend(double *o, const float *q, const float *k, const float *v, int n, int D) {
-    double mx = -INFINITY, *s = malloc((size_t)n * sizeof *s), l = 0.0;
-    for (int t = 0; t < n; t++) {
-        double d = 0.0;
-        for (int j = 0; j < D; j++) d += (double)q[j] * k[(size_t)t * D + j];
-        s[t] = d / sqrt((double)D);
-        mx = s[t] > mx ? s[t] : mx;
-    }
-    for (int j = 0; j < D; j++) o[j] = 0.0;
-    for (int t = 0; t < n; t++) {
-        double p = exp(s[t] - mx);
-        l += p;
-        for (int j = 0; j < D; j++) o[j] += p * v[(size_t)t * D + j];
-    }
-    for (int j = 0; j < D; j++) o[j] /= l;
-    free(s);
-}
-
 /* Attention of every option against the reference; read-back of the fp16
  * parts equals the input to fp16 rounding through the rotation; identical
  * outputs at 1 and 3 threads and on the scalar kernel's pages. */
@@ -146,7 +128,7 @@ static void test_attention(void) {
                         for (int rr = 0; rr < NQ / H; rr++) {
                             int qh = h * (NQ / H) + rr;
                             double ref[64];
-                            ref_attend(ref, q + (size_t)qh * D, rk, rv, t + 1, D);
+                            tu_ref_attend(ref, q + (size_t)qh * D, rk, rv, t + 1, D);
                             for (int j = 0; j < D; j++) {
                                 double e = fabs(ref[j] - o1[(size_t)qh * D + j]);
                                 worst = e > worst ? e : worst;

@@ -146,6 +146,32 @@ static inline __m256 scale_of(__m256 dv, const kkv_q8x *x) {
     return _mm256_mul_ps(dv, _mm256_broadcast_ss(&x->d));
 }
 
+/* acc[j] += (d_w * d_x_j) * (w . x_j) over the nx columns of block b, for
+ * weights stored signed (Q4_0, Q5_0, Q8_0); always_inline like its caller. */
+static inline __attribute__((always_inline)) void cols_signed(__m256 *acc, __m256i w, __m256 dv,
+                                                              const kkv_q8x *const *xq, int64_t b,
+                                                              const int nx) {
+    for (int j = 0; j < nx; j++) {
+        const kkv_q8x *x = &xq[j][b];
+        __m256i s = dot4_signed(w, _mm256_loadu_si256((const __m256i *)x->q));
+        acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
+    }
+}
+
+/* The same for weights stored unsigned with a minimum m (Q4_1, Q5_1): the
+ * minimum's term m * sum(x) goes to accm[j]. */
+static inline __attribute__((always_inline)) void cols_unsigned(__m256 *acc, float *accm, __m256i w,
+                                                                __m256 dv, float m,
+                                                                const kkv_q8x *const *xq, int64_t b,
+                                                                const int nx) {
+    for (int j = 0; j < nx; j++) {
+        const kkv_q8x *x = &xq[j][b];
+        __m256i s = dot4_u8s8(w, _mm256_loadu_si256((const __m256i *)x->q));
+        acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
+        accm[j] += m * x->s;
+    }
+}
+
 /* One weight row against nx activation vectors; always_inline so each nx
  * gets its own unrolled copy. */
 static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t type, const uint8_t *row,
@@ -165,11 +191,7 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             __m256i w = _mm256_sub_epi8(unpack_nibbles(wb + 2), _mm256_set1_epi8(8));
             float d = f16_at(wb);
             const __m256 dv = _mm256_set1_ps(d);
-            for (int j = 0; j < nx; j++) {
-                const kkv_q8x *x = &xq[j][b];
-                __m256i s = dot4_signed(w, _mm256_loadu_si256((const __m256i *)x->q));
-                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
-            }
+            cols_signed(acc, w, dv, xq, b, nx);
         }
         break;
     case KKV_WT_Q4_1:
@@ -178,12 +200,7 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             __m256i w = unpack_nibbles(wb + 4);
             float d = f16_at(wb), m = f16_at(wb + 2);
             const __m256 dv = _mm256_set1_ps(d);
-            for (int j = 0; j < nx; j++) {
-                const kkv_q8x *x = &xq[j][b];
-                __m256i s = dot4_u8s8(w, _mm256_loadu_si256((const __m256i *)x->q));
-                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
-                accm[j] += m * x->s;
-            }
+            cols_unsigned(acc, accm, w, dv, m, xq, b, nx);
         }
         break;
     case KKV_WT_Q8_0:
@@ -192,11 +209,7 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 2));
             float d = f16_at(wb);
             const __m256 dv = _mm256_set1_ps(d);
-            for (int j = 0; j < nx; j++) {
-                const kkv_q8x *x = &xq[j][b];
-                __m256i s = dot4_signed(w, _mm256_loadu_si256((const __m256i *)x->q));
-                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
-            }
+            cols_signed(acc, w, dv, xq, b, nx);
         }
         break;
     case KKV_WT_Q6_K:
@@ -222,11 +235,7 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             __m256i w = _mm256_sub_epi8(q5_block(wb + 2, wb + 6), _mm256_set1_epi8(16));
             float d = f16_at(wb);
             const __m256 dv = _mm256_set1_ps(d);
-            for (int j = 0; j < nx; j++) {
-                const kkv_q8x *x = &xq[j][b];
-                __m256i s = dot4_signed(w, _mm256_loadu_si256((const __m256i *)x->q));
-                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
-            }
+            cols_signed(acc, w, dv, xq, b, nx);
         }
         break;
     case KKV_WT_Q5_1:
@@ -235,12 +244,7 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             __m256i w = q5_block(wb + 4, wb + 8);
             float d = f16_at(wb), m = f16_at(wb + 2);
             const __m256 dv = _mm256_set1_ps(d);
-            for (int j = 0; j < nx; j++) {
-                const kkv_q8x *x = &xq[j][b];
-                __m256i s = dot4_u8s8(w, _mm256_loadu_si256((const __m256i *)x->q));
-                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
-                accm[j] += m * x->s;
-            }
+            cols_unsigned(acc, accm, w, dv, m, xq, b, nx);
         }
         break;
     case KKV_WT_Q2_K:
