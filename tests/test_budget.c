@@ -187,7 +187,7 @@ static void test_pooled(const char *spec, const char *plain_spec) {
             for (int rr = 0; rr < NQ / H; rr++) {
                 double ref[D];
                 int qh = h * (NQ / H) + rr;
-                tu_ref_attend(ref, q + (size_t)qh * D, rk, rv, T, D);
+                tu_ref_attend(ref, NULL, q + (size_t)qh * D, rk, rv, T, D);
                 for (int j = 0; j < D; j++) worst = fmax(worst, fabs(ref[j] - o[qh * D + j]));
             }
         }

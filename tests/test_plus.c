@@ -128,7 +128,7 @@ static void test_attention(void) {
                         for (int rr = 0; rr < NQ / H; rr++) {
                             int qh = h * (NQ / H) + rr;
                             double ref[64];
-                            tu_ref_attend(ref, q + (size_t)qh * D, rk, rv, t + 1, D);
+                            tu_ref_attend(ref, NULL, q + (size_t)qh * D, rk, rv, t + 1, D);
                             for (int j = 0; j < D; j++) {
                                 double e = fabs(ref[j] - o1[(size_t)qh * D + j]);
                                 worst = e > worst ? e : worst;

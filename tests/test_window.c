@@ -15,41 +15,7 @@
 #include "kittykv.h"
 #include "kittykv_cpu.h"
 #include "testutil.h"
-
-#define U32 (1.0 / 16777216.0) /* 2^-24 */
-
-/* out[j] = softmax(q . k_t / sqrt(D)) v over k, v [n][D] in double; tol as
- * test_attn.c derives it (first-order fp32 bound, doubled). */
-static void reference(double *out, double *tol, const float *q, const float *k, const float *v,
-                      int n, int D) {
-    double *s = malloc((size_t)n * sizeof *s); /* [n] */
-    double mx = -INFINITY, amax = 0, vmax = 0, isd = 1.0 / sqrt((double)D);
-    for (int t = 0; t < n; t++) {
-        double dot = 0, adot = 0;
-        for (int j = 0; j < D; j++) {
-            dot += (double)q[j] * k[(size_t)t * D + j];
-            adot += fabs((double)q[j] * k[(size_t)t * D + j]);
-        }
-        s[t] = dot * isd;
-        mx = s[t] > mx ? s[t] : mx;
-        amax = adot * isd > amax ? adot * isd : amax;
-    }
-    double l = 0;
-    for (int j = 0; j < D; j++) out[j] = 0;
-    for (int t = 0; t < n; t++) {
-        double p = exp(s[t] - mx);
-        l += p;
-        for (int j = 0; j < D; j++) {
-            out[j] += p * v[(size_t)t * D + j];
-            vmax = fmax(vmax, fabs(v[(size_t)t * D + j]));
-        }
-    }
-    for (int j = 0; j < D; j++) out[j] /= l;
-    double ep = (D + 4) * U32 * amax + 2 * U32;
-    double t = 2.0 * vmax * (2 * ep + (n + n / 2.0 + 8) * U32);
-    for (int j = 0; j < D; j++) tol[j] = t;
-    free(s);
-}
+#include "tu_ref_attend.h"
 
 enum { L = 2, H = 2, NREP = 2 };
 
@@ -141,7 +107,7 @@ static void equality(const char *spec, int D, int G, int S, int W, int T, int ev
             float *hk = rk + (size_t)kh * T * D, *hv = rv + (size_t)kh * T * D;
             for (int rr = 0; rr < NREP; rr++) {
                 int h = kh * NREP + rr;
-                reference(ref, tol, q + (size_t)h * D, hk + (size_t)f * D, hv + (size_t)f * D,
+                tu_ref_attend(ref, tol, q + (size_t)h * D, hk + (size_t)f * D, hv + (size_t)f * D,
                           n - f, D);
                 for (int j = 0; j < D; j++) {
                     double e = fabs(oa[(size_t)h * D + j] - ref[j]);

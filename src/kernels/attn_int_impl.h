@@ -395,16 +395,24 @@ static void key_groups(float *mq, int32_t *cg32, const float *scale, const uint8
  * Position-independent (channel numbers, not addresses): a plan serves the
  * page's bytes wherever they lie. */
 enum { PL_HI = 1, PL_GRP = 2 /* 2 bits */, PL_FLUSH = 8, PL_FIRST = 16, PL_PAD0 = 32, PL_PAD1 = 64 };
+/* What scoring a key page needs from the page alone: its channel groups
+ * (mq, cg32 [D]) and its pair list P. */
+static inline void key_page_setup(kpairs *P, float *mq, int32_t *cg32, const uint8_t *page,
+                                  const kkv_key_layout *L, int D, int G, int nb) {
+    float scale[KKV_MAX_HEAD_DIM + 8]; /* [D] */
+    f16_row(scale, page + L->scale, D);
+    key_groups(mq, cg32, scale, page + L->idx, D, nb);
+    kpairs_of(P, page, L, cg32, D, G, nb);
+}
+
 #define QK_PLAN_BYTES(D) (2 + 3 * ((D) / 2 + 3 * KGROUPS + 1) + (D))
 
 static void kqk_plan_of(uint8_t *plan, const uint8_t *page, int D, int G, int nb) {
     kkv_key_layout L = kkv_key_layout_of(D, G, nb);
-    float scale[KKV_MAX_HEAD_DIM + 8], mq[KKV_MAX_HEAD_DIM + 8];
+    float mq[KKV_MAX_HEAD_DIM + 8];
     int32_t cg32[KKV_MAX_HEAD_DIM + 8];
-    f16_row(scale, page + L.scale, D);
-    key_groups(mq, cg32, scale, page + L.idx, D, nb);
     kpairs P;
-    kpairs_of(&P, page, &L, cg32, D, G, nb);
+    key_page_setup(&P, mq, cg32, page, &L, D, G, nb);
     uint8_t *ch = plan + 2, *fl = ch + 2 * P.n, *cg = fl + P.n;
     plan[0] = (uint8_t)P.n;
     plan[1] = (uint8_t)P.gmask;
@@ -576,12 +584,10 @@ void KKV_INT_QK_RUN(float *s, const float *q, int n_rep, const uint8_t *page, co
 
 void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
     kkv_key_layout L = kkv_key_layout_of(D, G, nb);
-    float scale[KKV_MAX_HEAD_DIM + 8], mq[KKV_MAX_HEAD_DIM + 8];
+    float mq[KKV_MAX_HEAD_DIM + 8];
     int32_t cg32[KKV_MAX_HEAD_DIM + 8];
-    f16_row(scale, page + L.scale, D);
-    key_groups(mq, cg32, scale, page + L.idx, D, nb);
     kpairs P;
-    kpairs_of(&P, page, &L, cg32, D, G, nb);
+    key_page_setup(&P, mq, cg32, page, &L, D, G, nb);
     qk_scores(s, q, n_rep, page, &P, mq, cg32, D, G, nb);
 }
 

@@ -158,6 +158,18 @@ static inline __attribute__((always_inline)) void cols_signed(__m256 *acc, __m25
     }
 }
 
+/* The same for signed weights with a 16-bit scale per half block (Q6_K,
+ * Q3_K): the pair sums are weighted by scales before the int32 sum. */
+static inline __attribute__((always_inline)) void cols_scaled(__m256 *acc, __m256i w, __m256i scales,
+                                                              __m256 dv, const kkv_q8x *const *xq,
+                                                              int64_t b, const int nx) {
+    for (int j = 0; j < nx; j++) {
+        const kkv_q8x *x = &xq[j][b];
+        __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), scales);
+        acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
+    }
+}
+
 /* The same for weights stored unsigned with a minimum m (Q4_1, Q5_1): the
  * minimum's term m * sum(x) goes to accm[j]. */
 static inline __attribute__((always_inline)) void cols_unsigned(__m256 *acc, float *accm, __m256i w,
@@ -222,11 +234,7 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
             float d = f16_at(wb + 208);
             const __m256 dv = _mm256_set1_ps(d);
-            for (int j = 0; j < nx; j++) {
-                const kkv_q8x *x = &xq[j][b];
-                __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), scales);
-                acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
-            }
+            cols_scaled(acc, w, scales, dv, xq, b, nx);
         }
         break;
     case KKV_WT_Q5_0:
@@ -280,11 +288,7 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
                 int64_t b = 8 * sb + k;
                 __m256i w = q3k_block(wb, k);
                 __m256i scales = _mm256_set_m128i(_mm_set1_epi16(scl[2 * k + 1]), _mm_set1_epi16(scl[2 * k]));
-                for (int j = 0; j < nx; j++) {
-                    const kkv_q8x *x = &xq[j][b];
-                    __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), scales);
-                    acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
-                }
+                cols_scaled(acc, w, scales, dv, xq, b, nx);
             }
         }
         break;
