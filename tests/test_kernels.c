@@ -544,6 +544,35 @@ static void test_end_to_end(int have_avx2, double *worst_ref, double *worst_k) {
 }
 
 #if defined(__x86_64__)
+/* The AVX-512 softmax (16-lane exponentials, the 8-lane sum chain) gives
+ * exactly kkv_avx2_softmax's bytes: block lengths 1..300 (every tail), the
+ * first block and a later one, head counts 1..8, D 4..256. */
+static void test_softmax512_exact(tu_rng *r) {
+    const kkv_ops *o = kkv_ops_get(KKV_KERNEL_AVX512);
+    float s0[8 * 300], s1[8 * 300], a0[8 * 256], a1[8 * 256], m0[16], m1[16];
+    int n_cmp = 0;
+    for (int n = 1; n <= 300 && !tu_failed(); n += (n < 40 ? 1 : 13))
+        for (int rep = 0; rep < 2; rep++) {
+            int R = 1 + tu_int(r, 8), D = Ds[tu_int(r, NELEM(Ds))];
+            for (int i = 0; i < R * n; i++) s0[i] = 8.0f * tu_normal(r);
+            for (int i = 0; i < R * D; i++) a0[i] = tu_normal(r);
+            for (int i = 0; i < R; i++) {
+                m0[2 * i] = rep ? 3.0f * tu_normal(r) : -INFINITY;
+                m0[2 * i + 1] = rep ? fabsf(tu_normal(r)) : 0.0f;
+            }
+            memcpy(s1, s0, sizeof s0), memcpy(a1, a0, sizeof a0), memcpy(m1, m0, sizeof m0);
+            kkv_avx2_softmax(s0, m0, a0, R, n, D, 0.125f);
+            o->softmax(s1, m1, a1, R, n, D, 0.125f);
+            CHECK(memcmp(s0, s1, (size_t)R * n * 4) == 0 && memcmp(a0, a1, (size_t)R * D * 4) == 0 &&
+                      memcmp(m0, m1, (size_t)R * 2 * 4) == 0,
+                  "avx512 softmax n=%d n_rep=%d D=%d: not bit-identical to avx2", n, R, D);
+            n_cmp++;
+        }
+    printf("kernel avx512 softmax: %d blocks bit-identical to avx2\n", n_cmp);
+}
+#endif
+
+#if defined(__x86_64__)
 /* A VNNI page-kernel pair gives exactly the AVX2 integer kernels' bytes (both
  * sum the codes exactly in integers; attn_int_impl.h): every D, G, n_boost
  * spread, n_rep 1..8, bit width, and a page tail of G = 12 (a half quad). */
@@ -694,12 +723,15 @@ static void test_dispatch(void) {
     CHECK((kkv_ops_get(KKV_KERNEL_AVX512) != NULL) == (cpu->avx512 != 0), "avx512 table vs cpu");
 #if defined(__x86_64__)
     if (cpu->avx512)
-        CHECK(kkv_ops_get(KKV_KERNEL_AVX512)->qk_page == (cpu->vnni ? kkv_vnni512_qk_page : kkv_avx2i_qk_page),
-              "avx512 table: VNNI page kernels exactly where the CPU has VNNI");
+        CHECK(kkv_ops_get(KKV_KERNEL_AVX512)->qk_page == (cpu->vbmi   ? kkv_vbmi512_qk_page
+                                                           : cpu->vnni ? kkv_vnni512_qk_page
+                                                                       : kkv_avx2i_qk_page),
+              "avx512 table: VBMI / VNNI page kernels exactly where the CPU has them");
     if (cpu->avx2)
         CHECK(kkv_ops_get(KKV_KERNEL_AVX2)->pv_page == (cpu->avxvnni ? kkv_avxvnni_pv_page : kkv_avx2i_pv_page),
               "avx2 table: AVX-VNNI page kernels exactly where the CPU has AVX-VNNI");
-    printf("cpu: avx2 %d, avx-vnni %d, avx512 %d, avx512-vnni %d\n", cpu->avx2, cpu->avxvnni, cpu->avx512, cpu->vnni);
+    printf("cpu: avx2 %d, avx-vnni %d, avx512 %d, avx512-vnni %d, avx512-vbmi %d\n", cpu->avx2, cpu->avxvnni,
+           cpu->avx512, cpu->vnni, cpu->vbmi);
 #endif
     CHECK(kkv_ops_get(KKV_KERNEL_AUTO) == kkv_ops_get(best), "auto is best");
     kkv_cache *c = make_cache("kitty", 1, 64, 1);
@@ -715,7 +747,8 @@ static void test_dispatch(void) {
     if (cap && strcmp(cap, "scalar") == 0) CHECK(best == KKV_KERNEL_SCALAR, "KKV_CPU=scalar caps dispatch");
     if (cap && strcmp(cap, "avx2") == 0)
         CHECK(best != KKV_KERNEL_AVX512 && !cpu->vnni && !cpu->avxvnni, "KKV_CPU=avx2 caps dispatch");
-    if (cap && strcmp(cap, "avx512") == 0) CHECK(!cpu->vnni, "KKV_CPU=avx512 leaves VNNI out");
+    if (cap && strcmp(cap, "avx512") == 0) CHECK(!cpu->vnni && !cpu->vbmi, "KKV_CPU=avx512 leaves VNNI out");
+    if (cap && strcmp(cap, "avx512vnni") == 0) CHECK(!cpu->vbmi, "KKV_CPU=avx512vnni leaves VBMI out");
 }
 
 int main(int argc, char **argv) {
@@ -788,6 +821,17 @@ int main(int argc, char **argv) {
         test_vnni_exact("avx512-vnni", kkv_vnni512_qk_page, kkv_vnni512_pv_page, &r);
     } else {
         printf("kernel avx512-vnni: not on this CPU (or capped by KKV_CPU), skipped\n");
+    }
+    if (cpu->avx512) {
+        tu_rng r = tu_rng_make(96);
+        test_softmax512_exact(&r);
+    }
+    if (cpu->vbmi) {
+        tu_rng r = tu_rng_make(95);
+        test_plan_exact("avx512-vbmi", kkv_vbmi512_qk_page, kkv_vbmi512_qk_plan_bytes, kkv_vbmi512_qk_plan, kkv_vbmi512_qk_page_plan, &r);
+        test_vnni_exact("avx512-vbmi", kkv_vbmi512_qk_page, kkv_vbmi512_pv_page, &r);
+    } else {
+        printf("kernel avx512-vbmi: not on this CPU (or capped by KKV_CPU), skipped\n");
     }
     if (cpu->avxvnni) {
         tu_rng r = tu_rng_make(92);

@@ -27,10 +27,11 @@ static void detect(kkv_cpu *cpu) {
     __cpuid_count(7, 0, a, b, c, d);
     int avx2 = (b >> 5) & 1;
     int avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1, avx512bw = (b >> 30) & 1,
-        avx512vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
+        avx512vl = (b >> 31) & 1, vnni = (c >> 11) & 1, vbmi = (c >> 1) & 1, vbmi2 = (c >> 6) & 1;
     cpu->avx2 = avx2 && fma && f16c;
     cpu->avx512 = cpu->avx2 && zmm_ok && avx512f && avx512dq && avx512bw && avx512vl;
     cpu->vnni = cpu->avx512 && vnni;
+    cpu->vbmi = cpu->vnni && vbmi && vbmi2;
     unsigned int max7 = a; /* subleaves of leaf 7 */
     if (max7 >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
@@ -46,7 +47,8 @@ static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 /* KKV_CPU caps the detected level, so one machine can exercise every
  * dispatch path (tests and benchmarks use it): scalar; avx2 (no VNNI of any
- * kind); avxvnni (AVX2 + AVX-VNNI, no AVX-512); avx512 (AVX-512 without
+ * kind); avxvnni (AVX2 + AVX-VNNI, no AVX-512); avx512vnni (AVX-512 with VNNI,
+ * without VBMI: the 256-bit VNNI kernels); avx512 (AVX-512 without
  * VNNI). Other values, or none, leave what the CPU has. */
 static void init(void) {
     detect(&cpu_features);
@@ -58,6 +60,7 @@ static void init(void) {
         cpu_features.avx512 = cpu_features.vnni = cpu_features.avxvnni = 0;
     if (strcmp(cap, "avxvnni") == 0) cpu_features.avx512 = cpu_features.vnni = 0;
     if (strcmp(cap, "avx512") == 0) cpu_features.vnni = 0;
+    if (!cpu_features.vnni || strcmp(cap, "avx512vnni") == 0) cpu_features.vbmi = 0;
 }
 
 const kkv_cpu *kkv_cpu_get(void) {

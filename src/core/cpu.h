@@ -9,6 +9,7 @@ typedef struct kkv_cpu {
     int avx512; /* AVX-512 F + BW + VL + DQ            */
     int vnni;   /* AVX-512 VNNI                       */
     int avxvnni; /* AVX-VNNI (VEX vpdpbusd) + AVX2     */
+    int vbmi;   /* AVX-512 VBMI + VBMI2 (vpermb, vpcompressb) + VNNI */
 } kkv_cpu;
 
 /* Features of this CPU that this build can use; computed once. */

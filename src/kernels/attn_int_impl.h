@@ -357,6 +357,97 @@ AI void qk_int_rb(float *s, const int16_t *w, int ldw, const float *d, const flo
 }
 
 
+#ifdef KKV_INT_VBMI
+/* AVX-512 VBMI + VNNI: 512-bit vpdpbusd on code quads built by one byte
+ * permute, not by the shift / unpack ladder above. The raw row bytes of a
+ * channel quad (four 32-byte rows: 128 tokens) are transposed once per chunk
+ * into dwords (row a byte i, row b byte i, row c byte i, row d byte i) by
+ * two vpermt2b; every plane k is then (quad >> 2k) & 3 with the high plane
+ * or-ed in, so a code byte is loaded and moved once, not once per plane.
+ * The integer sums are the exact sums of qk_vnni_plane (same a32 contents),
+ * so the scores are bit-identical to the AVX2 integer kernel's. */
+AI __m512i rows2_512(const uint8_t *a, const uint8_t *b, __mmask32 m) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(m, a)),
+                              _mm256_maskz_loadu_epi8(m, b), 1);
+}
+
+/* Quad transpose of pair p and p + 1's rows (lo or hi planes) at offset off:
+ * t[0] holds row bytes 0..15, t[1] bytes 16..31, four channels per dword in
+ * the order of qk_vnni_plane (p.0, p.1, p+1.0, p+1.1). */
+AI void quad_of_pairs(__m512i *t, const uint8_t *const (*rows)[2], int p, size_t off, __mmask32 m,
+               __m512i ix0, __m512i ix1) {
+    __m512i z1 = rows2_512(rows[p][0] + off, rows[p][1] + off, m);
+    __m512i z2 = rows2_512(rows[p + 1][0] + off, rows[p + 1][1] + off, m);
+    t[0] = _mm512_permutex2var_epi8(z1, ix0, z2);
+    t[1] = _mm512_permutex2var_epi8(z1, ix1, z2);
+}
+
+AI void qk_vbmi_rb(float *s, const int16_t *w, int ldw, const float *d, const float *cst,
+                   const kpairs *P, int G, int RB) {
+    int rowb = G / 4, nq = P->n / 2; /* kpairs_of gave every group an even pair count */
+    /* output byte 4i + e: channel e of the quad at row byte i (+16 for ix1);
+     * z1 = rows e 0, 1 at bytes 0, 32; z2 = rows 2, 3 at 64, 96 */
+    uint8_t b0[64], b1[64];
+    for (int i = 0; i < 16; i++)
+        for (int e = 0; e < 4; e++) {
+            b0[4 * i + e] = (uint8_t)(32 * e + i);
+            b1[4 * i + e] = (uint8_t)(32 * e + 16 + i);
+        }
+    const __m512i ix0 = _mm512_loadu_si512(b0), ix1 = _mm512_loadu_si512(b1);
+    const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
+    int32_t w4[RBI][KPAIRS / 2 + 1]; /* [RB][quad] four int8 weights */
+    uint8_t qhi[KPAIRS / 2 + 1], qend[KPAIRS / 2 + 1];
+    for (int q = 0; q < nq; q++) {
+        for (int r = 0; r < RB; r++) memcpy(&w4[r][q], w + (size_t)r * ldw + 2 * q, 4);
+        qhi[q] = (uint8_t)(P->has_hi[2 * q] | P->has_hi[2 * q + 1]);
+        qend[q] = (uint8_t)(q + 1 == nq || P->grp[2 * q + 2] != P->grp[2 * q]);
+    }
+    for (int c = 0; c < rowb; c += 32) {
+        int nbytes = rowb - c < 32 ? rowb - c : 32;
+        __mmask32 m = nbytes == 32 ? 0xFFFFFFFFu : (1u << nbytes) - 1;
+        __m512i lo[KPAIRS / 2][2], hi[KPAIRS / 2][2]; /* [quad][half] raw code quads */
+        for (int q = 0; q < nq; q++) {
+            quad_of_pairs(lo[q], P->lo, 2 * q, (size_t)c, m, ix0, ix1);
+            if (qhi[q]) quad_of_pairs(hi[q], P->hi, 2 * q, (size_t)c, m, ix0, ix1);
+        }
+        int32_t a32[RBI * KGROUPS * 4 * 32]; /* [RB][group][k][i], groups of P->gmask written */
+        for (int k = 0; k < 4; k++) {
+            __m512i acc[RBI][2];
+            for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+            for (int q = 0; q < nq; q++) {
+                __m512i x[2];
+                for (int h = 0; h < 2; h++) {
+                    x[h] = _mm512_and_si512(_mm512_srli_epi32(lo[q][h], 2 * k), m3);
+                    if (qhi[q]) { /* x | ((hi >> 2k) & 3) << 2 */
+                        __m512i hs = k ? _mm512_srli_epi32(hi[q][h], 2 * k - 2) : _mm512_slli_epi32(hi[q][h], 2);
+                        x[h] = _mm512_ternarylogic_epi32(x[h], hs, m12, 0xF8);
+                    }
+                }
+                for (int r = 0; r < RB; r++) {
+                    __m512i wv = _mm512_set1_epi32(w4[r][q]);
+                    acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x[0], wv);
+                    acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x[1], wv);
+                }
+                if (!qend[q]) continue;
+                int g = P->grp[2 * q]; /* the group ends: its sums, tokens 4i + k in order of i */
+                for (int r = 0; r < RB; r++) {
+                    int32_t *dst = a32 + (((size_t)r * KGROUPS + (size_t)g) * 4 + (size_t)k) * 32;
+                    _mm512_storeu_si512(dst, acc[r][0]);
+                    _mm512_storeu_si512(dst + 16, acc[r][1]);
+                    acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+                }
+            }
+        }
+        for (int r = 0; r < RB; r++)
+            qk_int_store(s + (size_t)r * G + 4 * c, a32 + (size_t)r * KGROUPS * 128, d + r * KGROUPS, cst[r], P->gmask, 4 * nbytes);
+    }
+}
+#define QK_RB qk_vbmi_rb
+#else
+#define QK_RB qk_int_rb
+#endif
+
+
 /* Largest code mq and channel group cg32 of every channel of a key page
  * ([D], written 8 at a time: D + 4 entries are touched). Groups by key range
  * r_j = scale_j * mq_j: 0 within 4x of the largest range, 1 within 16x, 2
@@ -372,7 +463,7 @@ static void key_groups(float *mq, int32_t *cg32, const float *scale, const uint8
         __m256i iv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)ib));
         __m256 boosted = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nb), iv));
         __m256 mv = _mm256_blendv_ps(_mm256_set1_ps(3.0f), _mm256_set1_ps(15.0f), boosted);
-        __m256 rv = _mm256_and_ps(_mm256_mul_ps(_mm256_loadu_ps(scale + j), mv), _mm256_castsi256_ps(m));
+        __m256 rv = _mm256_and_ps(_mm256_mul_ps(_mm256_maskload_ps(scale + j, m), mv), _mm256_castsi256_ps(m));
         _mm256_storeu_ps(mq + j, mv);
         _mm256_storeu_ps(range + j, rv);
         rm = _mm256_max_ps(rm, rv);
@@ -399,7 +490,7 @@ enum { PL_HI = 1, PL_GRP = 2 /* 2 bits */, PL_FLUSH = 8, PL_FIRST = 16, PL_PAD0 
  * (mq, cg32 [D]) and its pair list P. */
 static inline void key_page_setup(kpairs *P, float *mq, int32_t *cg32, const uint8_t *page,
                                   const kkv_key_layout *L, int D, int G, int nb) {
-    float scale[KKV_MAX_HEAD_DIM + 8]; /* [D] */
+    float scale[KKV_MAX_HEAD_DIM + 8] = {0}; /* [D]; zeroed for gcc's -Wmaybe-uninitialized */
     f16_row(scale, page + L->scale, D);
     key_groups(mq, cg32, scale, page + L->idx, D, nb);
     kpairs_of(P, page, L, cg32, D, G, nb);
@@ -559,12 +650,213 @@ static void qk_scores(float *s, const float *q, int n_rep, const uint8_t *page, 
         }
         float *sr = s + (size_t)r0 * G;
         const int ldw = KPAIRS;
-        if (rb == 4) qk_int_rb(sr, w[0], ldw, d, cst, P, G, 4);
-        else if (rb == 3) qk_int_rb(sr, w[0], ldw, d, cst, P, G, 3);
-        else if (rb == 2) qk_int_rb(sr, w[0], ldw, d, cst, P, G, 2);
-        else qk_int_rb(sr, w[0], ldw, d, cst, P, G, 1);
+        if (rb == 4) QK_RB(sr, w[0], ldw, d, cst, P, G, 4);
+        else if (rb == 3) QK_RB(sr, w[0], ldw, d, cst, P, G, 3);
+        else if (rb == 2) QK_RB(sr, w[0], ldw, d, cst, P, G, 2);
+        else QK_RB(sr, w[0], ldw, d, cst, P, G, 1);
     }
 }
+
+#ifdef KKV_INT_VBMI
+/* The key page as channel quads for the 512-bit kernel, built with vector
+ * compares and vpcompressb instead of kpairs_of's pointer lists: per group
+ * its plain channels, then its boosted ones, padded with zero channels to a
+ * multiple of four. A quad sums the same products as two pairs of kpairs_of,
+ * so the integer sums (and the scores) are the same. */
+#define KQE (KKV_MAX_HEAD_DIM + 4 * KGROUPS + 64) /* entries, with vpcompressb's store slack */
+typedef struct kquads {
+    int     nq, gmask;
+    uint8_t ord[KQE];                  /* [4 nq] channel of each entry (padding: 0) */
+    uint8_t pad[KQE];                  /* [4 nq] 1 = padding entry */
+    uint8_t qhi[KQE / 4], qend[KQE / 4], qgrp[KQE / 4]; /* [nq] */
+} kquads;
+
+static void kquads_of(kquads *K, const uint8_t *idx, const int32_t *cg32, int D, int nb) {
+    uint8_t cg[KKV_MAX_HEAD_DIM];
+    for (int j = 0; j < D; j += 16) {
+        __mmask16 m = (__mmask16)(D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
+        _mm_mask_storeu_epi8(cg + j, m, _mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(m, cg32 + j)));
+    }
+    const __m512i iota = _mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48,
+                                         47, 46, 45, 44, 43, 42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32,
+                                         31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                         15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    int n = 0;
+    K->gmask = 0;
+    memset(K->pad, 0, sizeof K->pad);
+    for (int g = 0; g < KGROUPS; g++) {
+        int n0 = n;
+        for (int cls = 0; cls < 2; cls++) /* plain, then boosted */
+            for (int j = 0; j < D; j += 64) {
+                __mmask64 v = D - j >= 64 ? ~0ull : (1ull << (D - j)) - 1;
+                __m512i cv = _mm512_maskz_loadu_epi8(v, cg + j), iv = _mm512_maskz_loadu_epi8(v, idx + j);
+                __mmask64 bst = nb >= 256 ? v : _mm512_cmplt_epu8_mask(iv, _mm512_set1_epi8((char)nb));
+                __mmask64 m = _mm512_cmpeq_epi8_mask(cv, _mm512_set1_epi8((char)g)) & v & (cls ? bst : ~bst);
+                __m512i ch = _mm512_add_epi8(iota, _mm512_set1_epi8((char)j));
+                _mm512_storeu_si512(K->ord + n, _mm512_maskz_compress_epi8(m, ch));
+                n += (int)__builtin_popcountll(m);
+            }
+        if (n == n0) continue;
+        K->gmask |= 1 << g;
+        while (n % 4) {
+            K->ord[n] = 0;
+            K->pad[n++] = 1;
+        }
+        for (int q = n0 / 4; q < n / 4; q++) {
+            K->qgrp[q] = (uint8_t)g;
+            K->qend[q] = q + 1 == n / 4;
+        }
+    }
+    K->nq = n / 4;
+    /* a quad reads high planes when one of its live entries is boosted */
+    for (int i = 0; i < n; i += 64) {
+        uint64_t b = 0;
+        __mmask64 live = n - i >= 64 ? ~0ull : (1ull << (n - i)) - 1;
+        __m512i o = _mm512_maskz_loadu_epi8(live, K->ord + i);
+        for (int j = 0; j < D; j += 64) { /* entry channels in [j, j + 64) */
+            __mmask64 in = _mm512_cmpge_epu8_mask(o, _mm512_set1_epi8((char)j)) &
+                           (j + 64 < 256 ? _mm512_cmplt_epu8_mask(o, _mm512_set1_epi8((char)(j + 64))) : ~0ull);
+            __m512i iv = _mm512_permutexvar_epi8(_mm512_sub_epi8(o, _mm512_set1_epi8((char)j)),
+                                                 _mm512_maskz_loadu_epi8(D - j >= 64 ? ~0ull : (1ull << (D - j)) - 1, idx + j));
+            b |= in & (nb >= 256 ? ~0ull : _mm512_cmplt_epu8_mask(iv, _mm512_set1_epi8((char)nb)));
+        }
+        b &= live & ~_mm512_test_epi8_mask(_mm512_maskz_loadu_epi8(live, K->pad + i), _mm512_set1_epi8(1));
+        for (int q = i / 4; q < n / 4 && q < i / 4 + 16; q++) K->qhi[q] = (uint8_t)(b >> (4 * (q - i / 4)) & 15 ? 1 : 0);
+    }
+}
+
+/* Row pointers of quad q's four entries, lo or hi plane (zrow where an entry
+ * is padding or, for hi, a plain channel). */
+AI void quad_rows(const uint8_t **r, const kquads *K, int q, const uint8_t *page,
+                  const kkv_key_layout *L, const uint8_t *idx, size_t row, int nb, int hi) {
+    for (int e = 0; e < 4; e++) {
+        int i = 4 * q + e, j = K->ord[i];
+        r[e] = K->pad[i] ? zrow
+               : !hi     ? page + L->lo + (size_t)j * row
+               : idx[j] < nb ? page + L->hi + (size_t)idx[j] * row
+                             : zrow;
+    }
+}
+
+AI void quad_of_rows(__m512i *t, const uint8_t *const *r, size_t off, __mmask32 m, __m512i ix0, __m512i ix1) {
+    __m512i z1 = rows2_512(r[0] + off, r[1] + off, m), z2 = rows2_512(r[2] + off, r[3] + off, m);
+    t[0] = _mm512_permutex2var_epi8(z1, ix0, z2);
+    t[1] = _mm512_permutex2var_epi8(z1, ix1, z2);
+}
+
+/* Scores of RB heads over the quads K of a key page. w8: [RB][4 nq] int8
+ * weights of the entries; d, cst as qk_vbmi_rb's. */
+AI void qk_quads_rb(float *s, const int8_t (*w8)[KQE], const float *d, const float *cst,
+                    const kquads *K, const uint8_t *page, const kkv_key_layout *L, int G, int nb, int RB) {
+    int rowb = G / 4, nq = K->nq;
+    const uint8_t *idx = page + L->idx;
+    uint8_t b0[64], b1[64];
+    for (int i = 0; i < 16; i++)
+        for (int e = 0; e < 4; e++) {
+            b0[4 * i + e] = (uint8_t)(32 * e + i);
+            b1[4 * i + e] = (uint8_t)(32 * e + 16 + i);
+        }
+    const __m512i ix0 = _mm512_loadu_si512(b0), ix1 = _mm512_loadu_si512(b1);
+    const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
+    for (int c = 0; c < rowb; c += 32) {
+        int nbytes = rowb - c < 32 ? rowb - c : 32;
+        __mmask32 m = nbytes == 32 ? 0xFFFFFFFFu : (1u << nbytes) - 1;
+        __m512i lo[KQE / 4][2], hi[KQE / 4][2]; /* [quad][half] raw code quads */
+        for (int q = 0; q < nq; q++) {
+            const uint8_t *r[4];
+            quad_rows(r, K, q, page, L, idx, (size_t)rowb, nb, 0);
+            quad_of_rows(lo[q], r, (size_t)c, m, ix0, ix1);
+            if (!K->qhi[q]) continue;
+            quad_rows(r, K, q, page, L, idx, (size_t)rowb, nb, 1);
+            quad_of_rows(hi[q], r, (size_t)c, m, ix0, ix1);
+        }
+        int32_t a32[RBI * KGROUPS * 4 * 32]; /* [RB][group][k][i], groups of K->gmask written */
+        for (int k = 0; k < 4; k++) {
+            __m512i acc[RBI][2];
+            for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+            for (int q = 0; q < nq; q++) {
+                __m512i x[2];
+                for (int h = 0; h < 2; h++) {
+                    x[h] = _mm512_and_si512(_mm512_srli_epi32(lo[q][h], 2 * k), m3);
+                    if (K->qhi[q]) {
+                        __m512i hs = k ? _mm512_srli_epi32(hi[q][h], 2 * k - 2) : _mm512_slli_epi32(hi[q][h], 2);
+                        x[h] = _mm512_ternarylogic_epi32(x[h], hs, m12, 0xF8);
+                    }
+                }
+                for (int r = 0; r < RB; r++) {
+                    int32_t w4;
+                    memcpy(&w4, w8[r] + 4 * q, 4);
+                    __m512i wv = _mm512_set1_epi32(w4);
+                    acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x[0], wv);
+                    acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x[1], wv);
+                }
+                if (!K->qend[q]) continue;
+                int g = K->qgrp[q];
+                for (int r = 0; r < RB; r++) {
+                    int32_t *dst = a32 + (((size_t)r * KGROUPS + (size_t)g) * 4 + (size_t)k) * 32;
+                    _mm512_storeu_si512(dst, acc[r][0]);
+                    _mm512_storeu_si512(dst + 16, acc[r][1]);
+                    acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+                }
+            }
+        }
+        for (int r = 0; r < RB; r++)
+            qk_int_store(s + (size_t)r * G + 4 * c, a32 + (size_t)r * KGROUPS * 128, d + r * KGROUPS, cst[r], K->gmask, 4 * nbytes);
+    }
+}
+
+/* The entries' int8 weights of RB heads: w8[r][i] = qi[r][ord[i]], 0 for
+ * padding; by byte permutes over the int8 query (D <= 256). */
+static void quad_weights(int8_t (*w8)[KQE], const int32_t (*qi)[KKV_MAX_HEAD_DIM + 8],
+                         const kquads *K, int D, int RB) {
+    int ne = 4 * K->nq;
+    for (int r = 0; r < RB; r++) {
+        uint8_t q8[256];
+        for (int j = 0; j < 256; j += 16) {
+            __mmask16 m = (__mmask16)(j >= D ? 0 : D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
+            _mm_storeu_si128((__m128i *)(void *)(q8 + j), _mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(m, qi[r] + j)));
+        }
+        __m512i t0 = _mm512_loadu_si512(q8), t1 = _mm512_loadu_si512(q8 + 64);
+        __m512i t2 = _mm512_loadu_si512(q8 + 128), t3 = _mm512_loadu_si512(q8 + 192);
+        for (int i = 0; i < ne; i += 64) {
+            __mmask64 v = ne - i >= 64 ? ~0ull : (1ull << (ne - i)) - 1;
+            __m512i o = _mm512_maskz_loadu_epi8(v, K->ord + i);
+            __mmask64 live = v & ~_mm512_test_epi8_mask(_mm512_maskz_loadu_epi8(v, K->pad + i), _mm512_set1_epi8(1));
+            __m512i w = _mm512_permutex2var_epi8(t0, o, t1);
+            if (D > 128) w = _mm512_mask_mov_epi8(w, _mm512_movepi8_mask(o), _mm512_permutex2var_epi8(t2, o, t3));
+            _mm512_mask_storeu_epi8(w8[r] + i, v, _mm512_maskz_mov_epi8(live, w));
+        }
+    }
+}
+
+static void qk_scores_vbmi(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
+                           int nb) {
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    float scale[KKV_MAX_HEAD_DIM + 8] = {0}, mn[KKV_MAX_HEAD_DIM + 8], mq[KKV_MAX_HEAD_DIM + 8]; /* [D] */
+    int32_t cg32[KKV_MAX_HEAD_DIM + 8];
+    f16_row(scale, page + L.scale, D);
+    f16_row(mn, page + L.mn, D);
+    key_groups(mq, cg32, scale, page + L.idx, D, nb);
+    kquads K;
+    kquads_of(&K, page + L.idx, cg32, D, nb);
+    for (int r0 = 0; r0 < n_rep; r0 += RBI) {
+        int rb = n_rep - r0 < RBI ? n_rep - r0 : RBI;
+        float d[RBI * KGROUPS], cst[RBI];
+        int32_t qi[RBI][KKV_MAX_HEAD_DIM + 8];
+        int8_t w8[RBI][KQE];
+        if (!fold_queries(qi, d, cst, q + (size_t)r0 * D, rb, scale, mn, mq, cg32, K.gmask, D)) {
+            kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
+            return;
+        }
+        quad_weights(w8, (const int32_t(*)[KKV_MAX_HEAD_DIM + 8])qi, &K, D, rb);
+        float *sr = s + (size_t)r0 * G;
+        if (rb == 4) qk_quads_rb(sr, (const int8_t(*)[KQE])w8, d, cst, &K, page, &L, G, nb, 4);
+        else if (rb == 3) qk_quads_rb(sr, (const int8_t(*)[KQE])w8, d, cst, &K, page, &L, G, nb, 3);
+        else if (rb == 2) qk_quads_rb(sr, (const int8_t(*)[KQE])w8, d, cst, &K, page, &L, G, nb, 2);
+        else qk_quads_rb(sr, (const int8_t(*)[KQE])w8, d, cst, &K, page, &L, G, nb, 1);
+    }
+}
+#endif
 
 size_t KKV_INT_QK_PLAN_BYTES(int D) { return QK_PLAN_BYTES(D); }
 
@@ -583,6 +875,10 @@ void KKV_INT_QK_RUN(float *s, const float *q, int n_rep, const uint8_t *page, co
 }
 
 void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+#ifdef KKV_INT_VBMI
+    qk_scores_vbmi(s, q, n_rep, page, D, G, nb);
+    return;
+#endif
     kkv_key_layout L = kkv_key_layout_of(D, G, nb);
     float mq[KKV_MAX_HEAD_DIM + 8];
     int32_t cg32[KKV_MAX_HEAD_DIM + 8];
@@ -729,6 +1025,66 @@ AI void pv_int_rb(float *ap, int ldA, const uint8_t *wv, size_t ldwv, const floa
     }
 }
 
+#ifdef KKV_INT_VBMI
+/* pv_int_rb with AVX-512 VBMI + VNNI: four token rows of a 16-byte column
+ * chunk (one 64-byte load when a row is 16 bytes) are transposed by one vpermb
+ * into dwords of four tokens per code byte; each plane k is (quad >> bits k)
+ * & mask, and one 512-bit vpdpbusd per plane and head adds four tokens of 16
+ * channels. Rows are loaded and moved once for all planes. Same exact sums as
+ * pv_vnni_plane, so the same a32 and the same output bits. */
+AI void pv_vbmi_chunks(float *ap, int ldA, const uint8_t *wq, size_t ldwv, const float *e,
+                       const uint8_t *codes, int n, int D, int bits, int per, int RB) {
+    size_t rowb = (size_t)D * (size_t)bits / 8;
+    uint8_t bt[64]; /* output byte 4i + e: row e, byte i */
+    for (int i = 0; i < 16; i++)
+        for (int r = 0; r < 4; r++) bt[4 * i + r] = (uint8_t)(16 * r + i);
+    const __m512i ixt = _mm512_loadu_si512(bt), mask = _mm512_set1_epi8((char)((1 << bits) - 1));
+    for (size_t c = 0; c < rowb; c += 16) {
+        int cb = (int)(rowb - c < 16 ? rowb - c : 16);
+        __mmask16 m = (__mmask16)(cb == 16 ? 0xFFFFu : (1u << cb) - 1);
+        __m512i acc[RBI][4];
+        for (int r = 0; r < RB; r++)
+            for (int k = 0; k < per; k++) acc[r][k] = _mm512_setzero_si512();
+        for (int t = 0; t < n; t += 4) {
+            const uint8_t *row = codes + (size_t)t * rowb + c;
+            __m512i z;
+            if (rowb == 16) z = _mm512_loadu_si512(row);
+            else {
+                z = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(m, row));
+                z = _mm512_inserti32x4(z, _mm_maskz_loadu_epi8(m, row + rowb), 1);
+                z = _mm512_inserti32x4(z, _mm_maskz_loadu_epi8(m, row + 2 * rowb), 2);
+                z = _mm512_inserti32x4(z, _mm_maskz_loadu_epi8(m, row + 3 * rowb), 3);
+            }
+            __m512i Q = _mm512_permutexvar_epi8(ixt, z);
+            __m512i wv[RBI];
+            for (int r = 0; r < RB; r++) {
+                int32_t x;
+                memcpy(&x, wq + (size_t)r * ldwv + (size_t)t, 4);
+                wv[r] = _mm512_set1_epi32(x);
+            }
+            for (int k = 0; k < per; k++) {
+                __m512i x = _mm512_and_si512(k ? _mm512_srli_epi32(Q, bits * k) : Q, mask);
+                for (int r = 0; r < RB; r++) acc[r][k] = _mm512_dpbusd_epi32(acc[r][k], wv[r], x);
+            }
+        }
+        int32_t a32[RBI * 4 * 16]; /* [RB][k][i] */
+        for (int r = 0; r < RB; r++)
+            for (int k = 0; k < per; k++) _mm512_storeu_si512(a32 + ((size_t)r * per + (size_t)k) * 16, acc[r][k]);
+        pv_int_store(ap, ldA, a32, e, (int)c * per, per, cb * per, RB);
+    }
+}
+
+AI void pv_vbmi_rb(float *ap, int ldA, const uint8_t *wq, size_t ldwv, const float *e,
+                   const uint8_t *codes, int n, int D, int bits, int RB) {
+    if (bits == 2) pv_vbmi_chunks(ap, ldA, wq, ldwv, e, codes, n, D, 2, 4, RB);
+    else pv_vbmi_chunks(ap, ldA, wq, ldwv, e, codes, n, D, 4, 2, RB);
+}
+#define PV_RB pv_vbmi_rb
+#else
+#define PV_RB pv_int_rb
+#endif
+
+#ifndef KKV_INT_VBMI /* the VBMI build has fold_probs_512 */
 /* Folded uint8 probabilities of one head over a block of n (<= VBLK, a
  * multiple of 4) tokens: w_t = p_t * scale_t, step e = max w / 255,
  * wq = rne(w / e); *mt += sum p_t mn_t + maxq/2 * sum_t (w_t - e wq_t) (the
@@ -777,6 +1133,47 @@ static void fold_probs(uint8_t *wv, float *e, float *mt, const float *p, const f
     }
 }
 
+#endif
+#ifdef KKV_INT_VBMI
+/* fold_probs 16 tokens at a time: the same lane operations, and the two
+ * sums (zero points, centring) still run as 8-lane chains in fold_probs'
+ * order (the low half of each 16, then the high half), so the same bits.
+ * wq: [n + 8] weight bytes, as the VNNI planes read them. */
+static void fold_probs_512(uint8_t *wq, float *e, float *mt, const float *p, const float *sc,
+                           const float *mn, int n, int bits) {
+    float w[VBLK + 16];
+    __m256 m = _mm256_setzero_ps(), corr = _mm256_setzero_ps();
+    __m512 amax = _mm512_setzero_ps();
+    for (int t = 0; t < n; t += 16) {
+        __mmask16 k = (__mmask16)(n - t >= 16 ? 0xFFFFu : (1u << (n - t)) - 1);
+        __m512 pv = _mm512_maskz_loadu_ps(k, p + t), mv = _mm512_maskz_loadu_ps(k, mn + t);
+        __m512 wv = _mm512_mul_ps(pv, _mm512_maskz_loadu_ps(k, sc + t));
+        _mm512_storeu_ps(w + t, wv);
+        m = _mm256_fmadd_ps(_mm512_castps512_ps256(pv), _mm512_castps512_ps256(mv), m);
+        if (n - t > 8)
+            m = _mm256_fmadd_ps(_mm512_extractf32x8_ps(pv, 1), _mm512_extractf32x8_ps(mv, 1), m);
+        amax = _mm512_max_ps(amax, wv);
+    }
+    float am = _mm512_reduce_max_ps(amax);
+    __m512 inv = _mm512_set1_ps(am > 0.0f ? 255.0f / am : 0.0f), ve = _mm512_set1_ps(am / 255.0f);
+    for (int t = 0; t < n; t += 16) {
+        __mmask16 k = (__mmask16)(n - t >= 16 ? 0xFFFFu : (1u << (n - t)) - 1);
+        __m512 wv = _mm512_loadu_ps(w + t);
+        __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(wv, inv)); /* 0..255 */
+        __m512 err = _mm512_maskz_mov_ps(k, _mm512_fnmadd_ps(ve, _mm512_cvtepi32_ps(x), wv));
+        corr = _mm256_add_ps(corr, _mm512_castps512_ps256(err));
+        if (n - t > 8) corr = _mm256_add_ps(corr, _mm512_extractf32x8_ps(err, 1));
+        _mm_mask_storeu_epi8(wq + t, k, _mm512_cvtusepi32_epi8(x));
+    }
+    memset(wq + n, 0, 8);
+    *e = am / 255.0f;
+    *mt += hsum(m) + 0.5f * (float)((1 << bits) - 1) * hsum(corr);
+}
+#define FOLD_PROBS fold_probs_512
+#else
+#define FOLD_PROBS fold_probs
+#endif
+
 /* 1 when every p_t * scale_t of the page is finite and >= 0. */
 static int probs_ok(const float *p, int n_rep, const uint8_t *scale16, int G) {
     __m256 bad = _mm256_setzero_ps();
@@ -810,20 +1207,20 @@ void KKV_INT_PV(float *acc, const float *p, int n_rep, const uint8_t *page, int 
         float ap[RBI][LDA];            /* [RB][D] integer part, scaled */
         float mt[RBI] = {0};           /* per head constant: zero points and centring */
         uint8_t wv[RBI][VBLK / 4][32]; /* [RB][quad] weight vectors */
-        memset(ap, 0, sizeof ap);
+        for (int r = 0; r < rb; r++) memset(ap[r], 0, (size_t)D * sizeof ap[r][0]);
         for (int t0 = 0; t0 < G; t0 += VBLK) {
             int n = G - t0 < VBLK ? G - t0 : VBLK; /* a multiple of 4 */
             f16_row(sc, page + L.scale + 2 * (size_t)t0, n);
             f16_row(mn, page + L.mn + 2 * (size_t)t0, n);
             float e[RBI];
             for (int r = 0; r < rb; r++)
-                fold_probs(wv[r][0], &e[r], &mt[r], p + (size_t)(r0 + r) * G + t0, sc, mn, n, bits);
+                FOLD_PROBS(wv[r][0], &e[r], &mt[r], p + (size_t)(r0 + r) * G + t0, sc, mn, n, bits);
             const uint8_t *codes = page + L.codes + (size_t)t0 * rowb;
             size_t ldwv = sizeof wv[0];
-            if (rb == 4) pv_int_rb(ap[0], LDA, wv[0][0], ldwv, e, codes, n, D, bits, 4);
-            else if (rb == 3) pv_int_rb(ap[0], LDA, wv[0][0], ldwv, e, codes, n, D, bits, 3);
-            else if (rb == 2) pv_int_rb(ap[0], LDA, wv[0][0], ldwv, e, codes, n, D, bits, 2);
-            else pv_int_rb(ap[0], LDA, wv[0][0], ldwv, e, codes, n, D, bits, 1);
+            if (rb == 4) PV_RB(ap[0], LDA, wv[0][0], ldwv, e, codes, n, D, bits, 4);
+            else if (rb == 3) PV_RB(ap[0], LDA, wv[0][0], ldwv, e, codes, n, D, bits, 3);
+            else if (rb == 2) PV_RB(ap[0], LDA, wv[0][0], ldwv, e, codes, n, D, bits, 2);
+            else PV_RB(ap[0], LDA, wv[0][0], ldwv, e, codes, n, D, bits, 1);
         }
         for (int r = 0; r < rb; r++) {
             float *ar = acc + (size_t)(r0 + r) * D;

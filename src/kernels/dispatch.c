@@ -18,7 +18,10 @@ const kkv_ops *kkv_ops_get(kkv_kernel k) {
     }
     case KKV_KERNEL_AVX512: {
         const kkv_cpu *cpu = kkv_cpu_get();
-        return !cpu->avx512 ? NULL : cpu->vnni ? &kkv_ops_avx512vnni : &kkv_ops_avx512;
+        return !cpu->avx512 ? NULL
+               : cpu->vbmi  ? &kkv_ops_avx512vbmi
+               : cpu->vnni  ? &kkv_ops_avx512vnni
+                            : &kkv_ops_avx512;
     }
 #endif
     default: return NULL;

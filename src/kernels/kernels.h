@@ -71,6 +71,7 @@ extern const kkv_ops kkv_ops_avx2;
 extern const kkv_ops kkv_ops_avx2vnni;   /* AVX2 + AVX-VNNI page kernels */
 extern const kkv_ops kkv_ops_avx512;
 extern const kkv_ops kkv_ops_avx512vnni; /* AVX-512 + VNNI page kernels */
+extern const kkv_ops kkv_ops_avx512vbmi; /* AVX-512 VBMI + VNNI (512-bit) page kernels */
 #endif
 
 #endif

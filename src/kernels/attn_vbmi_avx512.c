@@ -1,0 +1,13 @@
+/* Integer-domain page kernels with AVX-512 VBMI + VNNI: 512-bit vpdpbusd on
+ * code quads that one vpermb / vpermt2b per row chunk builds (attn_int_impl.h,
+ * KKV_INT_VBMI). Run only where kkv_cpu_get()->vbmi; results bit-identical to
+ * attn_int_avx2.c, since every integer sum is exact. The pair schedule and the
+ * folds are those of the 256-bit VNNI build (KKV_INT_DPBUSD). */
+#define KKV_INT_DPBUSD(acc, u8, s8) _mm256_dpbusd_epi32(acc, u8, s8)
+#define KKV_INT_VBMI 1
+#define KKV_INT_QK kkv_vbmi512_qk_page
+#define KKV_INT_PV kkv_vbmi512_pv_page
+#define KKV_INT_QK_PLAN_BYTES kkv_vbmi512_qk_plan_bytes
+#define KKV_INT_QK_PLAN kkv_vbmi512_qk_plan
+#define KKV_INT_QK_RUN kkv_vbmi512_qk_page_plan
+#include "kernels/attn_int_impl.h"
