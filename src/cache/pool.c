@@ -2,9 +2,7 @@
  * per slot (forked sequences share pages). The byte budget is kept by the
  * callers' credit accounting (cache.c): c->used counts every slot in use once.
  * Sink blocks are reference-counted the same way. */
-#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
 #include <stdlib.h>
-#include <sys/mman.h>
 
 #include "cache/cache.h"
 #include "core/status.h"
@@ -22,14 +20,7 @@ kkv_status kkv_pool_take(kkv_cache *c, int *slot) {
             if (fs) c->free_slots = fs;
             uint32_t *rf = fs ? realloc(c->ref, n * sizeof *rf) : NULL;
             if (rf) c->ref = rf;
-            if (!c->chunks[chunk] && rf) {
-                size_t cb = kkv_chunk_bytes(c), hp = (size_t)2 << 20;
-                void *m = NULL;
-                if (posix_memalign(&m, hp, (cb + hp - 1) / hp * hp) == 0) {
-                    madvise(m, (cb + hp - 1) / hp * hp, MADV_HUGEPAGE);
-                    c->chunks[chunk] = m;
-                }
-            }
+            if (!c->chunks[chunk] && rf) c->chunks[chunk] = malloc(kkv_chunk_bytes(c));
             if (!c->chunks[chunk]) return kkv_fail(KKV_ERR_NOMEM, "page pool: out of memory");
         }
         c->ref[c->n_made] = 0;
