@@ -33,8 +33,9 @@
  * cannot represent (a non-finite folded value, a negative probability) take
  * the float kernels of attn_avx2.c instead.
  *
- * VNNI. This file is the body of three kernel pairs: AVX2 (attn_int_avx2.c),
- * AVX-512 VNNI (attn_vnni_avx512.c) and AVX-VNNI (attn_vnni_avxvnni.c). With
+ * VNNI. This file is the body of four kernel pairs: AVX2 (attn_int_avx2.c),
+ * AVX-512 VNNI (attn_vnni_avx512.c), AVX-VNNI (attn_vnni_avxvnni.c) and AVX-512
+ * VBMI + VNNI (attn_vbmi_avx512.c, KKV_INT_VBMI: 512-bit, see its section). With
  * KKV_INT_DPBUSD defined (the includer's vpdpbusd intrinsic) the code bytes
  * go in quads instead of pairs (four channels of a token, or four tokens of a
  * channel, per dword) and vpdpbusd adds u8 x s8 quads straight into int32:
@@ -624,6 +625,68 @@ static int fold_queries(int32_t (*qi)[KKV_MAX_HEAD_DIM + 8], float *d, float *cs
     return 1;
 }
 
+#ifdef KKV_INT_VBMI
+/* fold_queries 16 channels at a time: every lane operation as in
+ * fold_queries, the two sums (zero points, centring) kept as its 8-lane
+ * chains fed the low then the high half, maxima exact: the same qi, d, cst. */
+static int fold_queries_512(int32_t (*qi)[KKV_MAX_HEAD_DIM + 8], float *d, float *cst,
+                            const float *q, int RB, const float *scale, const float *mn,
+                            const float *mq, const int32_t *cg32, int gmask, int D) {
+    __m256 c[RBI], corr[RBI];
+    __m512 mx[RBI][KGROUPS];
+    __mmask16 bad = 0;
+    for (int r = 0; r < RB; r++) {
+        c[r] = corr[r] = _mm256_setzero_ps();
+        for (int g = 0; g < KGROUPS; g++) mx[r][g] = _mm512_setzero_ps();
+    }
+    for (int j = 0; j < D; j += 16) {
+        __mmask16 m = (__mmask16)(D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
+        __m512 sv = _mm512_maskz_loadu_ps(m, scale + j), nv = _mm512_maskz_loadu_ps(m, mn + j);
+        __m512i cv = _mm512_maskz_loadu_epi32(m, cg32 + j);
+        for (int r = 0; r < RB; r++) {
+            __m512 qv = _mm512_maskz_loadu_ps(m, q + (size_t)r * D + j);
+            __m512 fv = _mm512_mul_ps(qv, sv), fa = _mm512_abs_ps(fv);
+            c[r] = _mm256_fmadd_ps(_mm512_castps512_ps256(qv), _mm512_castps512_ps256(nv), c[r]);
+            if (D - j > 8)
+                c[r] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(qv, 1), _mm512_extractf32x8_ps(nv, 1), c[r]);
+            bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(fv, fv), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+            for (int g = 0; g < KGROUPS; g++)
+                mx[r][g] = _mm512_mask_max_ps(mx[r][g], m & _mm512_cmpeq_epi32_mask(cv, _mm512_set1_epi32(g)), mx[r][g], fa);
+        }
+    }
+    if (bad) return 0; /* inf or NaN */
+    __m512 tinv[RBI], td[RBI];
+    for (int r = 0; r < RB; r++) {
+        float gm[KGROUPS] = {0}, ginv[KGROUPS], *dr = d + r * KGROUPS;
+        for (int g = 0; g < KGROUPS; g++)
+            if (gmask >> g & 1) gm[g] = _mm512_reduce_max_ps(mx[r][g]);
+        for (int g = 0; g < KGROUPS; g++) {
+            dr[g] = gm[g] / 127.0f;
+            ginv[g] = gm[g] > 0.0f ? 127.0f / gm[g] : 0.0f;
+        }
+        tinv[r] = _mm512_setr_ps(ginv[0], ginv[1], ginv[2], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        td[r] = _mm512_setr_ps(dr[0], dr[1], dr[2], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    }
+    for (int j = 0; j < D; j += 16) {
+        __mmask16 m = (__mmask16)(D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
+        __m512i gv = _mm512_maskz_loadu_epi32(m, cg32 + j);
+        __m512 sv = _mm512_maskz_loadu_ps(m, scale + j), mqv = _mm512_maskz_loadu_ps(m, mq + j);
+        for (int r = 0; r < RB; r++) {
+            __m512 fv = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + (size_t)r * D + j), sv);
+            __m512 gi = _mm512_maskz_permutexvar_ps(m, gv, tinv[r]), gd = _mm512_maskz_permutexvar_ps(m, gv, td[r]);
+            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(fv, gi)); /* |x| <= 127 */
+            _mm512_mask_storeu_epi32(qi[r] + j, m, x);
+            __m512 err = _mm512_fnmadd_ps(gd, _mm512_cvtepi32_ps(x), fv);
+            corr[r] = _mm256_fmadd_ps(_mm512_castps512_ps256(err), _mm512_castps512_ps256(mqv), corr[r]);
+            if (D - j > 8)
+                corr[r] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(err, 1), _mm512_extractf32x8_ps(mqv, 1), corr[r]);
+        }
+    }
+    for (int r = 0; r < RB; r++) cst[r] = hsum(c[r]) + 0.5f * hsum(corr[r]);
+    return 1;
+}
+#endif
+
 /* Scores of n_rep heads over a key page, given its pair list P, largest
  * codes mq and groups cg32 (from the page, or from its plan). */
 static void qk_scores(float *s, const float *q, int n_rep, const uint8_t *page, const kpairs *P,
@@ -844,7 +907,7 @@ static void qk_scores_vbmi(float *s, const float *q, int n_rep, const uint8_t *p
         float d[RBI * KGROUPS], cst[RBI];
         int32_t qi[RBI][KKV_MAX_HEAD_DIM + 8];
         int8_t w8[RBI][KQE];
-        if (!fold_queries(qi, d, cst, q + (size_t)r0 * D, rb, scale, mn, mq, cg32, K.gmask, D)) {
+        if (!fold_queries_512(qi, d, cst, q + (size_t)r0 * D, rb, scale, mn, mq, cg32, K.gmask, D)) {
             kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
             return;
         }

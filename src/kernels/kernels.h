@@ -9,7 +9,7 @@
  *    float rounding (they may fold scales, use FMA and reorder sums):
  *    |simd - scalar| <= 1e-5 * sum |terms|;
  *  - qk_page, pv_page of a SIMD variant work in the integer domain
- *    (attn_int_impl.h; its VNNI builds give exactly the AVX2 build's
+ *    (attn_int_impl.h; its VNNI and VBMI builds give exactly the AVX2 build's
  *    results) and differ from the scalar ones by one quantization
  *    step of the folded query / probabilities:
  *      qk_page: |s_t - ref| <= sum_j d_g(j)/2 * |c_tj - maxq_j/2| + rounding,
