@@ -358,96 +358,6 @@ AI void qk_int_rb(float *s, const int16_t *w, int ldw, const float *d, const flo
 }
 
 
-#ifdef KKV_INT_VBMI
-/* AVX-512 VBMI + VNNI: 512-bit vpdpbusd on code quads built by one byte
- * permute, not by the shift / unpack ladder above. The raw row bytes of a
- * channel quad (four 32-byte rows: 128 tokens) are transposed once per chunk
- * into dwords (row a byte i, row b byte i, row c byte i, row d byte i) by
- * two vpermt2b; every plane k is then (quad >> 2k) & 3 with the high plane
- * or-ed in, so a code byte is loaded and moved once, not once per plane.
- * The integer sums are the exact sums of qk_vnni_plane (same a32 contents),
- * so the scores are bit-identical to the AVX2 integer kernel's. */
-AI __m512i rows2_512(const uint8_t *a, const uint8_t *b, __mmask32 m) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(m, a)),
-                              _mm256_maskz_loadu_epi8(m, b), 1);
-}
-
-/* Quad transpose of pair p and p + 1's rows (lo or hi planes) at offset off:
- * t[0] holds row bytes 0..15, t[1] bytes 16..31, four channels per dword in
- * the order of qk_vnni_plane (p.0, p.1, p+1.0, p+1.1). */
-AI void quad_of_pairs(__m512i *t, const uint8_t *const (*rows)[2], int p, size_t off, __mmask32 m,
-               __m512i ix0, __m512i ix1) {
-    __m512i z1 = rows2_512(rows[p][0] + off, rows[p][1] + off, m);
-    __m512i z2 = rows2_512(rows[p + 1][0] + off, rows[p + 1][1] + off, m);
-    t[0] = _mm512_permutex2var_epi8(z1, ix0, z2);
-    t[1] = _mm512_permutex2var_epi8(z1, ix1, z2);
-}
-
-AI void qk_vbmi_rb(float *s, const int16_t *w, int ldw, const float *d, const float *cst,
-                   const kpairs *P, int G, int RB) {
-    int rowb = G / 4, nq = P->n / 2; /* kpairs_of gave every group an even pair count */
-    /* output byte 4i + e: channel e of the quad at row byte i (+16 for ix1);
-     * z1 = rows e 0, 1 at bytes 0, 32; z2 = rows 2, 3 at 64, 96 */
-    uint8_t b0[64], b1[64];
-    for (int i = 0; i < 16; i++)
-        for (int e = 0; e < 4; e++) {
-            b0[4 * i + e] = (uint8_t)(32 * e + i);
-            b1[4 * i + e] = (uint8_t)(32 * e + 16 + i);
-        }
-    const __m512i ix0 = _mm512_loadu_si512(b0), ix1 = _mm512_loadu_si512(b1);
-    const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
-    int32_t w4[RBI][KPAIRS / 2 + 1]; /* [RB][quad] four int8 weights */
-    uint8_t qhi[KPAIRS / 2 + 1], qend[KPAIRS / 2 + 1];
-    for (int q = 0; q < nq; q++) {
-        for (int r = 0; r < RB; r++) memcpy(&w4[r][q], w + (size_t)r * ldw + 2 * q, 4);
-        qhi[q] = (uint8_t)(P->has_hi[2 * q] | P->has_hi[2 * q + 1]);
-        qend[q] = (uint8_t)(q + 1 == nq || P->grp[2 * q + 2] != P->grp[2 * q]);
-    }
-    for (int c = 0; c < rowb; c += 32) {
-        int nbytes = rowb - c < 32 ? rowb - c : 32;
-        __mmask32 m = nbytes == 32 ? 0xFFFFFFFFu : (1u << nbytes) - 1;
-        __m512i lo[KPAIRS / 2][2], hi[KPAIRS / 2][2]; /* [quad][half] raw code quads */
-        for (int q = 0; q < nq; q++) {
-            quad_of_pairs(lo[q], P->lo, 2 * q, (size_t)c, m, ix0, ix1);
-            if (qhi[q]) quad_of_pairs(hi[q], P->hi, 2 * q, (size_t)c, m, ix0, ix1);
-        }
-        int32_t a32[RBI * KGROUPS * 4 * 32]; /* [RB][group][k][i], groups of P->gmask written */
-        for (int k = 0; k < 4; k++) {
-            __m512i acc[RBI][2];
-            for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
-            for (int q = 0; q < nq; q++) {
-                __m512i x[2];
-                for (int h = 0; h < 2; h++) {
-                    x[h] = _mm512_and_si512(_mm512_srli_epi32(lo[q][h], 2 * k), m3);
-                    if (qhi[q]) { /* x | ((hi >> 2k) & 3) << 2 */
-                        __m512i hs = k ? _mm512_srli_epi32(hi[q][h], 2 * k - 2) : _mm512_slli_epi32(hi[q][h], 2);
-                        x[h] = _mm512_ternarylogic_epi32(x[h], hs, m12, 0xF8);
-                    }
-                }
-                for (int r = 0; r < RB; r++) {
-                    __m512i wv = _mm512_set1_epi32(w4[r][q]);
-                    acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x[0], wv);
-                    acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x[1], wv);
-                }
-                if (!qend[q]) continue;
-                int g = P->grp[2 * q]; /* the group ends: its sums, tokens 4i + k in order of i */
-                for (int r = 0; r < RB; r++) {
-                    int32_t *dst = a32 + (((size_t)r * KGROUPS + (size_t)g) * 4 + (size_t)k) * 32;
-                    _mm512_storeu_si512(dst, acc[r][0]);
-                    _mm512_storeu_si512(dst + 16, acc[r][1]);
-                    acc[r][0] = acc[r][1] = _mm512_setzero_si512();
-                }
-            }
-        }
-        for (int r = 0; r < RB; r++)
-            qk_int_store(s + (size_t)r * G + 4 * c, a32 + (size_t)r * KGROUPS * 128, d + r * KGROUPS, cst[r], P->gmask, 4 * nbytes);
-    }
-}
-#define QK_RB qk_vbmi_rb
-#else
-#define QK_RB qk_int_rb
-#endif
-
 
 /* Largest code mq and channel group cg32 of every channel of a key page
  * ([D], written 8 at a time: D + 4 entries are touched). Groups by key range
@@ -713,14 +623,29 @@ static void qk_scores(float *s, const float *q, int n_rep, const uint8_t *page, 
         }
         float *sr = s + (size_t)r0 * G;
         const int ldw = KPAIRS;
-        if (rb == 4) QK_RB(sr, w[0], ldw, d, cst, P, G, 4);
-        else if (rb == 3) QK_RB(sr, w[0], ldw, d, cst, P, G, 3);
-        else if (rb == 2) QK_RB(sr, w[0], ldw, d, cst, P, G, 2);
-        else QK_RB(sr, w[0], ldw, d, cst, P, G, 1);
+        if (rb == 4) qk_int_rb(sr, w[0], ldw, d, cst, P, G, 4);
+        else if (rb == 3) qk_int_rb(sr, w[0], ldw, d, cst, P, G, 3);
+        else if (rb == 2) qk_int_rb(sr, w[0], ldw, d, cst, P, G, 2);
+        else qk_int_rb(sr, w[0], ldw, d, cst, P, G, 1);
     }
 }
 
 #ifdef KKV_INT_VBMI
+/* AVX-512 VBMI + VNNI: 512-bit vpdpbusd on code quads built by one byte
+ * permute, not by the shift / unpack ladder above. The raw row bytes of a
+ * channel quad (four 32-byte rows: 128 tokens) are transposed once per chunk
+ * into dwords (row a byte i, row b byte i, row c byte i, row d byte i) by
+ * two vpermt2b; every plane k is then (quad >> 2k) & 3 with the high plane
+ * or-ed in, so a code byte is loaded and moved once, not once per plane.
+ * The integer sums are the exact sums of qk_vnni_plane (same a32 contents),
+ * so the scores are bit-identical to the AVX2 integer kernel's. (qk_page
+ * takes this path, qk_scores_vbmi; the planned entry point keeps the pair
+ * list and the 256-bit planes.) */
+AI __m512i rows2_512(const uint8_t *a, const uint8_t *b, __mmask32 m) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(m, a)),
+                              _mm256_maskz_loadu_epi8(m, b), 1);
+}
+
 /* The key page as channel quads for the 512-bit kernel, built with vector
  * compares and vpcompressb instead of kpairs_of's pointer lists: per group
  * its plain channels, then its boosted ones, padded with zero channels to a
@@ -808,7 +733,7 @@ AI void quad_of_rows(__m512i *t, const uint8_t *const *r, size_t off, __mmask32 
 }
 
 /* Scores of RB heads over the quads K of a key page. w8: [RB][4 nq] int8
- * weights of the entries; d, cst as qk_vbmi_rb's. */
+ * weights of the entries;  d: [RB][KGROUPS] steps, cst: [RB]. */
 AI void qk_quads_rb(float *s, const int8_t (*w8)[KQE], const float *d, const float *cst,
                     const kquads *K, const uint8_t *page, const kkv_key_layout *L, int G, int nb, int RB) {
     int rowb = G / 4, nq = K->nq;
