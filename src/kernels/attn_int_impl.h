@@ -638,9 +638,9 @@ static void qk_scores(float *s, const float *q, int n_rep, const uint8_t *page, 
  * two vpermt2b; every plane k is then (quad >> 2k) & 3 with the high plane
  * or-ed in, so a code byte is loaded and moved once, not once per plane.
  * The integer sums are the exact sums of qk_vnni_plane (same a32 contents),
- * so the scores are bit-identical to the AVX2 integer kernel's. (qk_page
- * takes this path, qk_scores_vbmi; the planned entry point keeps the pair
- * list and the 256-bit planes.) */
+ * so the scores are bit-identical to the AVX2 integer kernel's. qk_page
+ * takes this path (qk_scores_vbmi); the planned entry point keeps the pair
+ * list and the 256-bit planes. */
 AI __m512i rows2_512(const uint8_t *a, const uint8_t *b, __mmask32 m) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(m, a)),
                               _mm256_maskz_loadu_epi8(m, b), 1);
