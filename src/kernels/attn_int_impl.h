@@ -465,6 +465,16 @@ static void kpairs_bind(kpairs *P, float *mq, int32_t *cg32, const uint8_t *plan
     }
 }
 
+/* The int8 step d[g] of each channel group from its largest |folded query|
+ * gm[g], and its inverse (0 for an empty or all-zero group). One place for
+ * both fold_queries builds, which must give the same bits. */
+static inline void group_steps(float *d, float *ginv, const float *gm) {
+    for (int g = 0; g < KGROUPS; g++) {
+        d[g] = gm[g] / 127.0f;
+        ginv[g] = gm[g] > 0.0f ? 127.0f / gm[g] : 0.0f;
+    }
+}
+
 /* fold_query for RB heads in one pass over the channels (the page's scale,
  * zero points, groups loaded once): per head the same lane operations in the
  * same order, so the same bits. qi: [RB][KKV_MAX_HEAD_DIM + 8]; d:
@@ -508,10 +518,7 @@ static int fold_queries(int32_t (*qi)[KKV_MAX_HEAD_DIM + 8], float *d, float *cs
         float gm[KGROUPS] = {0}, ginv[KGROUPS], *dr = d + r * KGROUPS;
         for (int g = 0; g < KGROUPS; g++)
             if (gmask >> g & 1) gm[g] = hmax(mx[r][g]);
-        for (int g = 0; g < KGROUPS; g++) {
-            dr[g] = gm[g] / 127.0f;
-            ginv[g] = gm[g] > 0.0f ? 127.0f / gm[g] : 0.0f;
-        }
+        group_steps(dr, ginv, gm);
         tinv[r] = _mm256_setr_ps(ginv[0], ginv[1], ginv[2], 0, 0, 0, 0, 0);
         td[r] = _mm256_setr_ps(dr[0], dr[1], dr[2], 0, 0, 0, 0, 0);
     }
@@ -570,10 +577,7 @@ static int fold_queries_512(int32_t (*qi)[KKV_MAX_HEAD_DIM + 8], float *d, float
         float gm[KGROUPS] = {0}, ginv[KGROUPS], *dr = d + r * KGROUPS;
         for (int g = 0; g < KGROUPS; g++)
             if (gmask >> g & 1) gm[g] = _mm512_reduce_max_ps(mx[r][g]);
-        for (int g = 0; g < KGROUPS; g++) {
-            dr[g] = gm[g] / 127.0f;
-            ginv[g] = gm[g] > 0.0f ? 127.0f / gm[g] : 0.0f;
-        }
+        group_steps(dr, ginv, gm);
         tinv[r] = _mm512_setr_ps(ginv[0], ginv[1], ginv[2], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
         td[r] = _mm512_setr_ps(dr[0], dr[1], dr[2], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     }
@@ -641,6 +645,20 @@ static void qk_scores(float *s, const float *q, int n_rep, const uint8_t *page, 
  * so the scores are bit-identical to the AVX2 integer kernel's. qk_page
  * takes this path (qk_scores_vbmi); the planned entry point keeps the pair
  * list and the 256-bit planes. */
+/* vpermt2b indices of a channel quad: output byte 4i + e is row e's byte i
+ * (rows at 0, 32, 64, 96 of the two-register table), [0] for row bytes
+ * 0..15, [1] for 16..31. */
+#define QX4(i) (i), 32 + (i), 64 + (i), 96 + (i)
+#define QX16(b) QX4(b), QX4(b + 1), QX4(b + 2), QX4(b + 3), QX4(b + 4), QX4(b + 5), QX4(b + 6), \
+                QX4(b + 7), QX4(b + 8), QX4(b + 9), QX4(b + 10), QX4(b + 11), QX4(b + 12),       \
+                QX4(b + 13), QX4(b + 14), QX4(b + 15)
+static const uint8_t quad_ix[2][64] = {{QX16(0)}, {QX16(16)}};
+/* vpermb indices of a token quad: output byte 4i + r is row r's byte i
+ * (four 16-byte rows). */
+#define TX4(i) (i), 16 + (i), 32 + (i), 48 + (i)
+static const uint8_t tok_ix[64] = {TX4(0), TX4(1), TX4(2),  TX4(3),  TX4(4),  TX4(5),  TX4(6),  TX4(7),
+                                   TX4(8), TX4(9), TX4(10), TX4(11), TX4(12), TX4(13), TX4(14), TX4(15)};
+
 AI __m512i rows2_512(const uint8_t *a, const uint8_t *b, __mmask32 m) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(m, a)),
                               _mm256_maskz_loadu_epi8(m, b), 1);
@@ -738,13 +756,7 @@ AI void qk_quads_rb(float *s, const int8_t (*w8)[KQE], const float *d, const flo
                     const kquads *K, const uint8_t *page, const kkv_key_layout *L, int G, int nb, int RB) {
     int rowb = G / 4, nq = K->nq;
     const uint8_t *idx = page + L->idx;
-    uint8_t b0[64], b1[64];
-    for (int i = 0; i < 16; i++)
-        for (int e = 0; e < 4; e++) {
-            b0[4 * i + e] = (uint8_t)(32 * e + i);
-            b1[4 * i + e] = (uint8_t)(32 * e + 16 + i);
-        }
-    const __m512i ix0 = _mm512_loadu_si512(b0), ix1 = _mm512_loadu_si512(b1);
+    const __m512i ix0 = _mm512_loadu_si512(quad_ix[0]), ix1 = _mm512_loadu_si512(quad_ix[1]);
     const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
     for (int c = 0; c < rowb; c += 32) {
         int nbytes = rowb - c < 32 ? rowb - c : 32;
@@ -1023,10 +1035,7 @@ AI void pv_int_rb(float *ap, int ldA, const uint8_t *wv, size_t ldwv, const floa
 AI void pv_vbmi_chunks(float *ap, int ldA, const uint8_t *wq, size_t ldwv, const float *e,
                        const uint8_t *codes, int n, int D, int bits, int per, int RB) {
     size_t rowb = (size_t)D * (size_t)bits / 8;
-    uint8_t bt[64]; /* output byte 4i + e: row e, byte i */
-    for (int i = 0; i < 16; i++)
-        for (int r = 0; r < 4; r++) bt[4 * i + r] = (uint8_t)(16 * r + i);
-    const __m512i ixt = _mm512_loadu_si512(bt), mask = _mm512_set1_epi8((char)((1 << bits) - 1));
+    const __m512i ixt = _mm512_loadu_si512(tok_ix), mask = _mm512_set1_epi8((char)((1 << bits) - 1));
     for (size_t c = 0; c < rowb; c += 16) {
         int cb = (int)(rowb - c < 16 ? rowb - c : 16);
         __mmask16 m = (__mmask16)(cb == 16 ? 0xFFFFu : (1u << cb) - 1);
