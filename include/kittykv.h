@@ -187,15 +187,16 @@ typedef enum kkv_budget {
 } kkv_budget;
 
 /* A quantization method. Keys: per channel in groups of `group` tokens, 2 bits,
- * round(alpha*D) channels per page boosted to 4 bits (alpha = 1: 4-bit keys).
- * Values: per token, value_bits bits. fp16 = 1 stores every token in fp16. */
+ * round(alpha*D) channels per page boosted to 4 bits (alpha = 1: 4-bit keys),
+ * or 8 bits with key_bits = 8. Values: per token, value_bits bits. fp16 = 1
+ * stores every token in fp16. */
 typedef struct kkv_method {
     int        fp16;       /* 1: no quantization (reference and memory baseline)  */
     int        sink;       /* S: first tokens kept fp16, keys and values           */
     int        group;      /* G: page size in tokens, multiple of 4, 4..4096       */
     int        window;     /* R: recent values kept fp16                           */
     float      alpha;      /* boost fraction of key channels, in [0, 1]            */
-    int        value_bits; /* 2 or 4                                               */
+    int        value_bits; /* 2, 4 or 8                                            */
     kkv_select select;
     uint64_t   seed;       /* for KKV_SELECT_RANDOM                                */
     int        eager_values; /* 1: a value is quantized into its page the moment it
@@ -217,11 +218,16 @@ typedef struct kkv_method {
      * token vector, as an 8-bit store would read them back. */
     int        sink_int8;
     int        window_int8;
+    /* Key code width: 2 (or 0, read as 2) is the page format above, whose
+     * boosted channels take 4 bits; 8 stores every channel in 8 bits (the
+     * 8-bit key page of docs/FORMAT.md section 2) and needs alpha = 0. */
+    int        key_bits;
 } kkv_method;
 
 /* Fills *out with the named method: "fp16", "kivi-k2v2", "kivi-k2v2s",
- * "kivi-k4v2s", "kivi-k2v4s", "kivi-k4v4", "kitty", "kitty-pro", and the
- * calibration-free methods beyond the paper "kitty-plus", "kitty-plus-pro".
+ * "kivi-k4v2s", "kivi-k2v4s", "kivi-k4v4", "kitty", "kitty-pro", the
+ * calibration-free methods beyond the paper "kitty-plus", "kitty-plus-pro",
+ * and "kivi-k8v8" (8-bit keys and values, no fp16 sink or window).
  * KKV_ERR_NOT_FOUND for any other name, KKV_ERR_INVALID_ARG for NULL. */
 kkv_status kkv_method_from_name(kkv_method *out, const char *name);
 
@@ -231,16 +237,17 @@ const char *const *kkv_method_names(void);
 /* Parses a method spec: a name from kkv_method_names(), optionally followed by
  * ':key=value' overrides, e.g. "kitty:alpha=0.5:select=random:seed=3".
  * Keys: alpha=F (0..1), select=magnitude|variance|random|oracle, seed=N,
- * sink=N, group=N, window=N, vbits=2|4, eager=0|1, select=range, pairs=0|1,
- * rot=none|hadamard|random, vrot=none|hadamard|random, clip=0|1, vclip=0|1,
- * budget=none|head|err, sink8=0|1, win8=0|1.
+ * sink=N, group=N, window=N, vbits=2|4|8, kbits=2|8, eager=0|1, select=range,
+ * pairs=0|1, rot=none|hadamard|random, vrot=none|hadamard|random, clip=0|1,
+ * vclip=0|1, budget=none|head|err, sink8=0|1, win8=0|1.
  * select=oracle is KKV_SELECT_EXPLICIT
  * (the caller supplies rankings with kkv_cache_set_rank). A spec that sets
  * what its method would ignore is rejected: fp16 takes only group (its page
  * size), select/pairs need 0 < alpha < 1, seed needs select=random or a
  * random rotation, pairs cannot be combined with a key rotation (a rotation
  * mixes the rotary pairs), budget needs 0 < alpha < 1 and select magnitude,
- * variance or range, sink8 needs sink > 0 and win8 window > 0.
+ * variance or range, sink8 needs sink > 0 and win8 window > 0, kbits=8 needs
+ * alpha = 0 and no clip, vbits=8 no vclip (the range search is for 2 and 4 bits).
  * KKV_ERR_NOT_FOUND for an unknown name, KKV_ERR_INVALID_ARG otherwise. */
 kkv_status kkv_method_parse(kkv_method *out, const char *spec);
 
@@ -265,11 +272,16 @@ int kkv_method_boost(const kkv_method *m, int head_dim);
  *   hi    [n_boost][G/4]  high 2 bits of boosted channels, row r = rank r
  *   idx   [D]             row of channel j in hi, or n_boost if not boosted
  *   scale [D] fp16, mn [D] fp16   (little-endian IEEE half)
- * Value page (bits = 2 or 4):
+ * 8-bit key page (key_bits = 8; no boost):
+ *   codes [D][G]          one byte per code, channel-major like lo
+ *   scale [D] fp16, mn [D] fp16
+ * Value page (bits = 2, 4 or 8):
  *   codes [G][D*bits/8]   channel c at bits bits*(c % (8/bits))
  *   scale [G] fp16, mn [G] fp16
+ * The byte counts are 0 for a shape or width these do not define.
  */
 size_t kkv_key_page_bytes(int head_dim, int group, int n_boost);
+size_t kkv_key8_page_bytes(int head_dim, int group);
 size_t kkv_value_page_bytes(int head_dim, int group, int bits);
 
 /* Quantizes G keys of one head into one key page.
@@ -282,6 +294,10 @@ kkv_status kkv_key_page_encode(void *dst, const float *k, int head_dim, int grou
 /* out: [G][D], the keys as attention sees them. */
 kkv_status kkv_key_page_decode(float *out, const void *src, int head_dim, int group,
                                int n_boost);
+/* The same for an 8-bit key page. dst: kkv_key8_page_bytes() bytes, k: [G][D]
+ * (rounded to fp16 first, as the cache does), out: [G][D]. */
+kkv_status kkv_key8_page_encode(void *dst, const float *k, int head_dim, int group);
+kkv_status kkv_key8_page_decode(float *out, const void *src, int head_dim, int group);
 /* Quantizes G values of one head. dst: kkv_value_page_bytes(). v: [G][D]. */
 kkv_status kkv_value_page_encode(void *dst, const float *v, int head_dim, int group,
                                  int bits);
@@ -450,7 +466,8 @@ kkv_status kkv_seq_get_info(const kkv_cache *c, kkv_seq_info *out, int seq, int 
 
 /* Copies the key page `page` of (seq, layer, head) in the format above. Its
  * n_boost is kkv_seq_key_page_boost(); dst_bytes must be at least
- * kkv_key_page_bytes(D, G, that). */
+ * kkv_key_page_bytes(D, G, that), or kkv_key8_page_bytes(D, G) for a method
+ * with key_bits 8. */
 kkv_status kkv_seq_key_page(const kkv_cache *c, void *dst, size_t dst_bytes, int seq,
                             int layer, int head, int page);
 
@@ -464,7 +481,7 @@ int kkv_seq_key_page_boost(const kkv_cache *c, int seq, int layer, int head, int
 
 /* Bytes actually stored, by component. No estimates. */
 typedef struct kkv_mem {
-    uint64_t key_lo;      /* key pages: low 2-bit plane                         */
+    uint64_t key_lo;      /* key pages: low 2-bit plane (key_bits 8: the codes)  */
     uint64_t key_hi;      /* key pages: high 2-bit plane of boosted channels     */
     uint64_t key_idx;     /* key pages: boost index                             */
     uint64_t key_meta;    /* key pages: fp16 scale + min                        */

@@ -56,6 +56,12 @@ static gcase cases[] = {
      * points 1.3/1.4), with 3 KV heads so that the pool has heads to share */
     {"kitty-plus-pro", 0, 16, 24, 32, 2, 3, 6, 300,
      0xe66ff6aa4d53df52ull, 0xe3b483101bd9e022ull, 0x8d7b27f463cae154ull, 0xf1c002ebed779d8full},
+    /* 8-bit pages (issue 10, the q8_0 point of the frontier), recorded when
+     * added; the second with a sink, an odd page size and a window */
+    {"kivi-k8v8", 0, 0, 0, 64, 2, 2, 4, 300,
+     0x2cb5515dbc2bbc64ull, 0x320548a085d3782cull, 0x51ae10bc8ea14a8cull, 0x62c3180e38c088aaull},
+    {"kivi-k8v8", 5, 12, 3, 20, 1, 3, 3, 101,
+     0xe102198ddfe1cfa5ull, 0x3c7bdf41420374b7ull, 0x504040182eb37e32ull, 0x9bc404317b2abf33ull},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -95,13 +101,16 @@ static void run_case(const gcase *g, kkv_kernel kern, int threads, uint64_t h[3]
     }
     kkv_method_check(&m, g->D);
     /* a pooled budget gives each page its own n_boost: hash each page at its size */
-    size_t kb = m.fp16 ? (size_t)m.group * g->D * 2 : kkv_key_page_bytes(g->D, m.group, g->D);
+    size_t kb = m.fp16 ? (size_t)m.group * g->D * 2
+              : m.key_bits == 8 ? kkv_key8_page_bytes(g->D, m.group)
+                                : kkv_key_page_bytes(g->D, m.group, g->D);
     uint8_t *pg = malloc(kb);
     float *rk = malloc((size_t)g->T * g->D * sizeof *rk), *rv = malloc((size_t)g->T * g->D * sizeof *rv);
     for (int l = 0; l < g->L; l++)
         for (int hh = 0; hh < g->H; hh++) {
             for (int p = 0; kkv_seq_key_page(c, pg, kb, seq, l, hh, p) == KKV_OK; p++)
-                h[1] = fnv(h[1], pg, m.fp16 ? kb : kkv_key_page_bytes(g->D, m.group,
+                h[1] = fnv(h[1], pg, m.fp16 || m.key_bits == 8
+                                         ? kb : kkv_key_page_bytes(g->D, m.group,
                                                     kkv_seq_key_page_boost(c, seq, l, hh, p)));
             CHECK(kkv_seq_read(c, rk, rv, seq, l, hh) == KKV_OK, "read");
             h[2] = fnv(h[2], rk, (size_t)g->T * g->D * sizeof *rk);

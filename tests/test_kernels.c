@@ -515,13 +515,14 @@ static void test_end_to_end(int have_avx2, double *worst_ref, double *worst_k) {
                 /* pages written by the SIMD flush are the scalar flush's bytes */
                 if (!m->fp16) {
                     /* a pooled budget (kitty-plus-pro) sizes each page by its own n_boost */
-                    size_t cap = kkv_key_page_bytes(D, G, D);
+                    int key8 = m->key_bits == 8;
+                    size_t cap = key8 ? kkv_key8_page_bytes(D, G) : kkv_key_page_bytes(D, G, D);
                     uint8_t *pa = xmalloc(cap), *pb = xmalloc(cap);
                     int np = (n_max - S) / G, same = 1;
                     for (int p = 0; p < np; p++)
                         for (int h = 0; h < H; h++) {
                             int nba = kkv_seq_key_page_boost(c1, s1, 0, h, p);
-                            size_t kb = kkv_key_page_bytes(D, G, nba);
+                            size_t kb = key8 ? cap : kkv_key_page_bytes(D, G, nba);
                             same &= nba == kkv_seq_key_page_boost(cs, s3, 0, h, p);
                             same &= kkv_seq_key_page(c1, pa, cap, s1, 0, h, p) == KKV_OK;
                             same &= kkv_seq_key_page(cs, pb, cap, s3, 0, h, p) == KKV_OK;
@@ -751,12 +752,105 @@ static void test_dispatch(void) {
     if (cap && strcmp(cap, "avx512vnni") == 0) CHECK(!cpu->vbmi, "KKV_CPU=avx512vnni leaves VBMI out");
 }
 
+/* 8-bit pages (attn_page8.c, one implementation for every table): the codec
+ * reconstructs each element to half a step of its stored parameters (plus
+ * what the fp16 rounding of min and scale moves the ends of the range by,
+ * which clamps), and the kernels equal double sums over the decoded page to
+ * TOL_PRIM of the magnitude (they only reorder nothing: each output is one
+ * fp32 sum in a fixed order). */
+static void test_page8(tu_rng *r) {
+    cmp_stats st = {0};
+    double worst_code = 0.0;
+    for (int di = 0; di < NELEM(Ds); di++)
+        for (int gi = 0; gi < NELEM(Gs); gi++) {
+            int D = Ds[di], G = Gs[gi];
+            uint16_t *x16 = xmalloc((size_t)G * D * sizeof *x16); /* [G][D] */
+            float *x = xmalloc((size_t)G * D * sizeof *x), *dec = xmalloc((size_t)G * D * sizeof *dec);
+            uint8_t *kp = xmalloc(kkv_key8_page_bytes(D, G));
+            uint8_t *vp = xmalloc(kkv_value_page_bytes(D, G, 8));
+            rand_f16(r, x16, G * D, D, 1.0f + (float)di);
+            for (int i = 0; i < G * D; i++) x[i] = kkv_f16_to_f32(x16[i]);
+            float *vdec = xmalloc((size_t)G * D * sizeof *vdec);
+            CHECK(kkv_key8_page_encode(kp, x, D, G) == KKV_OK, "key8 encode: %s", kkv_last_error());
+            CHECK(kkv_key8_page_decode(dec, kp, D, G) == KKV_OK, "key8 decode");
+            CHECK(kkv_value_page_encode(vp, x, D, G, 8) == KKV_OK, "value8 encode");
+            CHECK(kkv_value_page_decode(vdec, vp, D, G, 8) == KKV_OK, "value8 decode");
+            kkv_key8_layout kl = kkv_key8_layout_of(D, G);
+            kkv_value_layout vl = kkv_value_layout_of(D, G, 8);
+            for (int pass = 0; pass < 2; pass++) { /* keys per channel, values per token */
+                int groups = pass ? G : D, len = pass ? D : G;
+                const uint8_t *pg = pass ? vp : kp;
+                size_t so = pass ? vl.scale : kl.scale, mo = pass ? vl.mn : kl.mn;
+                for (int g = 0; g < groups; g++) {
+                    double mn = INFINITY, mx = -INFINITY;
+                    for (int i = 0; i < len; i++) {
+                        double v = pass ? x[(size_t)g * D + i] : x[(size_t)i * D + g];
+                        mn = fmin(mn, v), mx = fmax(mx, v);
+                    }
+                    double sc = kkv_f16_to_f32(kkv_ld16(pg + so + 2 * (size_t)g));
+                    double m16 = kkv_f16_to_f32(kkv_ld16(pg + mo + 2 * (size_t)g));
+                    double bound = 0.5 * sc + fabs(m16 - mn) + fabs(m16 + 255.0 * sc - mx) +
+                                   1e-6 * (fabs(mn) + fabs(mx));
+                    for (int i = 0; i < len; i++) {
+                        size_t at = pass ? (size_t)g * D + i : (size_t)i * D + g;
+                        double e = fabs((double)(pass ? vdec : dec)[at] - x[at]);
+                        worst_code = fmax(worst_code, bound > 0 ? e / bound : e);
+                        CHECK(e <= bound, "8-bit %s D %d G %d: element off by %g > %g",
+                              pass ? "value" : "key", D, G, e, bound);
+                    }
+                }
+            }
+            for (int ri = 0; ri < NELEM(REPS); ri++) {
+                int R = REPS[ri];
+                float *q = xmalloc((size_t)R * D * sizeof *q), *sc = xmalloc((size_t)R * G * sizeof *sc);
+                float *p = xmalloc((size_t)R * G * sizeof *p), *acc = xmalloc((size_t)R * D * sizeof *acc);
+                rand_f32(r, q, R * D);
+                for (int i = 0; i < R * G; i++) p[i] = fabsf(tu_normal(r));
+                for (int i = 0; i < R * D; i++) acc[i] = (float)i * 0.01f; /* accumulates */
+                kkv_qk_page8(sc, q, R, kp, D, G);
+                kkv_pv_page8(acc, p, R, vp, D, G);
+                for (int rr = 0; rr < R; rr++) {
+                    for (int t = 0; t < G; t++) {
+                        double ref = 0, mag = 0;
+                        for (int j = 0; j < D; j++) {
+                            double term = (double)q[rr * D + j] * dec[(size_t)t * D + j];
+                            ref += term, mag += fabs(term);
+                        }
+                        CHECK(close_to(sc[rr * G + t], (float)ref, mag, &st),
+                              "qk_page8 D %d G %d n_rep %d: %g vs %g", D, G, R, sc[rr * G + t], ref);
+                    }
+                    for (int j = 0; j < D; j++) {
+                        double ref = (double)((float)(rr * D + j) * 0.01f), mag = fabs(ref);
+                        for (int t = 0; t < G; t++) {
+                            double term = (double)p[rr * G + t] * vdec[(size_t)t * D + j];
+                            ref += term, mag += fabs(term);
+                        }
+                        CHECK(close_to(acc[rr * D + j], (float)ref, mag, &st),
+                              "pv_page8 D %d G %d n_rep %d: %g vs %g", D, G, R, acc[rr * D + j], ref);
+                    }
+                }
+                free(q), free(sc), free(p), free(acc);
+            }
+            free(x16), free(x), free(dec), free(vdec), free(kp), free(vp);
+        }
+    CHECK(kkv_key8_page_encode(NULL, NULL, 64, 128) == KKV_ERR_INVALID_ARG, "key8: NULL accepted");
+    CHECK(kkv_key8_page_bytes(64, 128) == 64 * 128 + 4 * 64, "key8: page bytes");
+    CHECK(kkv_value_page_bytes(64, 128, 8) == 64 * 128 + 4 * 128, "value8: page bytes");
+    CHECK(kkv_value_page_bytes(64, 128, 6) == 0, "value page of 6 bits has a size");
+    printf("kernel page8: worst error %.3g of magnitude (tolerance %g), codec %.3g of its bound\n",
+           st.worst, TOL_PRIM, worst_code);
+}
+
 int main(int argc, char **argv) {
 #if defined(__x86_64__)
     if (argc > 1 && strcmp(argv[1], "--bench-plan") == 0) return bench_plan();
 #endif
     (void)argv;
     test_dispatch();
+    {
+        tu_rng r8 = tu_rng_make(808);
+        test_page8(&r8);
+    }
     const kkv_cpu *cpu = kkv_cpu_get();
     const kkv_ops *tables[3] = {&kkv_ops_scalar, NULL, NULL};
 #if defined(__x86_64__)

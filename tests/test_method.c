@@ -14,7 +14,9 @@ static int same(const kkv_method *a, const kkv_method *b) {
            a->window == b->window && a->alpha == b->alpha && a->value_bits == b->value_bits &&
            a->select == b->select && a->seed == b->seed && a->eager_values == b->eager_values &&
            a->pairs == b->pairs && a->key_rot == b->key_rot && a->value_rot == b->value_rot &&
-           a->clip == b->clip && a->value_clip == b->value_clip;
+           a->clip == b->clip && a->value_clip == b->value_clip && a->budget == b->budget &&
+           a->sink_int8 == b->sink_int8 && a->window_int8 == b->window_int8 &&
+           a->key_bits == b->key_bits;
 }
 
 static void test_names(void) {
@@ -42,6 +44,10 @@ static void test_round_trip(void) {
         "kitty:vclip=1", "kitty:rot=hadamard", "kitty:rot=random:seed=9", "kitty:vrot=random",
         "kivi-k2v2s:rot=hadamard:vrot=hadamard", "kitty-plus:pairs=0:clip=0",
         "kitty-plus-pro:alpha=0.5", "kitty-plus:eager=0", "kitty-pro:eager=1:pairs=1:clip=1:vclip=1",
+        /* 8-bit codes */
+        "kivi-k8v8:vbits=4", "kivi-k8v8:sink=32:window=128", "kivi-k8v8:rot=hadamard",
+        "kivi-k4v4:vbits=8", "kitty:vbits=8", "kivi-k2v2:kbits=8:vbits=8:eager=1:window=0",
+        "kivi-k8v8:kbits=2", "kivi-k8v8:eager=0:vrot=random",
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         kkv_method m, back;
@@ -73,6 +79,9 @@ static void test_rejects(void) {
         "kitty:pairs=1:rot=hadamard", "kitty-plus:rot=random", "kivi-k2v2:pairs=1",
         "fp16:rot=hadamard", "fp16:clip=1", "kitty:rot=hadamard:seed=1",
         "kitty:pairs=1:pairs=0",
+        "kitty:kbits=8", "kitty:kbits=4", "kitty:vbits=6", "kivi-k8v8:alpha=0.5",
+        "kivi-k8v8:clip=1", "kivi-k8v8:vclip=1", "kivi-k8v8:pairs=1", "kitty:vbits=8:vclip=1",
+        "kivi-k8v8:kbits=8:kbits=2", "fp16:kbits=8",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kkv_method m;

@@ -88,6 +88,8 @@ static void test_attention(void) {
         "kitty:rot=random:vrot=random:seed=2", "kitty:clip=1", "kitty:vclip=1",
         "kitty:pairs=1", "kitty:select=range", "kitty-plus", "kitty-plus-pro",
         "kitty-plus:vrot=hadamard", "kivi-k2v2s:rot=hadamard:clip=1:eager=1",
+        /* 8-bit pages (with a sink: the check below reads it back) */
+        "kivi-k8v8:sink=32", "kivi-k8v8:sink=32:window=128:eager=0:rot=hadamard:vrot=random",
     };
     enum { L = 2, H = 2, NQ = 6, T = 300 };
     for (size_t si = 0; si < sizeof specs / sizeof *specs; si++) {

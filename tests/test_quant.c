@@ -60,17 +60,18 @@ static void test_status(void) {
 static void test_methods(void) {
     const char *const *names = kkv_method_names();
     const char *want[] = {"fp16", "kivi-k2v2", "kivi-k2v2s", "kivi-k4v2s", "kivi-k2v4s",
-                          "kivi-k4v4", "kitty", "kitty-pro", "kitty-plus", "kitty-plus-pro"};
+                          "kivi-k4v4", "kitty", "kitty-pro", "kitty-plus", "kitty-plus-pro",
+                          "kivi-k8v8"};
     /* docs/FORMAT.md section 1: fp16, sink, value bits, boosted channels of 64 and 128 */
-    const int tab[10][5] = {
+    const int tab[11][5] = {
         {1, 0, -1, 0, 0},  {0, 0, 2, 0, 0},  {0, 32, 2, 0, 0}, {0, 32, 2, 64, 128},
         {0, 32, 4, 0, 0}, {0, 0, 4, 64, 128}, {0, 32, 2, 8, 16}, {0, 32, 2, 16, 32},
-        {0, 32, 2, 20, 40}, {0, 32, 2, 33, 66},
+        {0, 32, 2, 20, 40}, {0, 32, 2, 33, 66}, {0, 0, 8, 0, 0},
     };
     int n = 0;
     while (names[n]) n++;
-    CHECK(n == 10, "kkv_method_names has %d names, want 10", n);
-    for (int i = 0; i < 10 && i < n; i++) {
+    CHECK(n == 11, "kkv_method_names has %d names, want 11", n);
+    for (int i = 0; i < 11 && i < n; i++) {
         CHECK(!strcmp(names[i], want[i]), "name %d is '%s', want '%s'", i, names[i], want[i]);
         kkv_method m;
         kkv_status s = kkv_method_from_name(&m, want[i]);
@@ -81,7 +82,10 @@ static void test_methods(void) {
               kkv_last_error());
         if (m.fp16) continue;
         /* kitty-plus-pro spends 32 window values on boosted channels */
-        CHECK(m.sink == tab[i][1] && m.group == 128 && m.window == (i == 9 ? 96 : 128) &&
+        /* kivi-k8v8 keeps no fp16 window */
+        CHECK(m.sink == tab[i][1] && m.group == 128 &&
+                  m.window == (i == 9 ? 96 : i == 10 ? 0 : 128) &&
+                  m.key_bits == (i == 10 ? 8 : 2) &&
                   m.value_bits == tab[i][2] && m.select == KKV_SELECT_MAGNITUDE,
               "%s: S=%d G=%d R=%d vbits=%d sel=%d", want[i], m.sink, m.group, m.window,
               m.value_bits, (int)m.select);
@@ -128,12 +132,27 @@ static void test_validation(void) {
         m.group = bad_group[i];
         CHECK(kkv_method_check(&m, 64) == KKV_ERR_INVALID_ARG, "group %d accepted", bad_group[i]);
     }
-    const int bad_vbits[] = {0, 1, 3, 8};
+    const int bad_vbits[] = {0, 1, 3, 6, 16};
     for (size_t i = 0; i < sizeof bad_vbits / sizeof *bad_vbits; i++) {
         kkv_method m = base;
         m.value_bits = bad_vbits[i];
         CHECK(kkv_method_check(&m, 64) == KKV_ERR_INVALID_ARG, "value_bits %d accepted",
               bad_vbits[i]);
+    }
+    const int bad_kbits[] = {1, 3, 4, 16, -2};
+    for (size_t i = 0; i < sizeof bad_kbits / sizeof *bad_kbits; i++) {
+        kkv_method m = base;
+        m.key_bits = bad_kbits[i];
+        CHECK(kkv_method_check(&m, 64) == KKV_ERR_INVALID_ARG, "key_bits %d accepted",
+              bad_kbits[i]);
+    }
+    {
+        kkv_method m = base; /* 8-bit keys have no boost */
+        m.key_bits = 8;
+        m.alpha = m.alpha > 0.0f ? m.alpha : 0.125f;
+        CHECK(kkv_method_check(&m, 64) == KKV_ERR_INVALID_ARG, "key_bits 8 with a boost accepted");
+        m.alpha = 0.0f;
+        CHECK(kkv_method_check(&m, 64) == KKV_OK, "key_bits 8: %s", kkv_last_error());
     }
     kkv_method m = base;
     m.sink = -1;

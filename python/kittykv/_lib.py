@@ -76,6 +76,9 @@ PLUS_FIELDS = ("pairs", "key_rot", "value_rot", "clip", "value_clip")
 # (the pooled budget and the int8 fidelity study of the fp16 parts).
 HAS_BUDGET = hasattr(core, "kkv_seq_key_page_boost")
 BUDGET_FIELDS = ("budget", "sink_int8", "window_int8")
+# ... and those with kkv_key8_page_bytes with one more (8-bit key pages).
+HAS_KEY8 = HAS_BUDGET and hasattr(core, "kkv_key8_page_bytes")
+KEY8_FIELDS = ("key_bits",)
 
 
 class Method(Structure):  # kkv_method
@@ -83,7 +86,8 @@ class Method(Structure):  # kkv_method
                 ("alpha", c_float), ("value_bits", c_int), ("select", c_int),
                 ("seed", c_uint64)] + ([("eager_values", c_int)] if HAS_FORK else []) + \
         ([(f, c_int) for f in PLUS_FIELDS] if HAS_PLUS else []) + \
-        ([(f, c_int) for f in BUDGET_FIELDS] if HAS_BUDGET else [])
+        ([(f, c_int) for f in BUDGET_FIELDS] if HAS_BUDGET else []) + \
+        ([(f, c_int) for f in KEY8_FIELDS] if HAS_KEY8 else [])
 
 
 class CacheConfig(Structure):  # kkv_cache_config
@@ -210,6 +214,8 @@ _decl(core, "kkv_seq_get_info", st, c_void_p, POINTER(SeqInfo), c_int, c_int)
 _decl(core, "kkv_seq_key_page", st, c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, c_int)
 if HAS_BUDGET:
     _decl(core, "kkv_seq_key_page_boost", c_int, c_void_p, c_int, c_int, c_int, c_int)
+if HAS_KEY8:
+    _decl(core, "kkv_key8_page_bytes", c_size_t, c_int, c_int)
 _decl(core, "kkv_seq_mem", st, c_void_p, POINTER(Mem), c_int)
 _decl(core, "kkv_cache_mem", st, c_void_p, POINTER(Mem))
 _decl(core, "kkv_cache_free_bytes", c_uint64, c_void_p)

@@ -41,8 +41,8 @@ class Method:
     ``Method("kitty", alpha=0.25)``.
 
     Fields, read-only: ``fp16`` (bool), ``sink``, ``group``, ``window``,
-    ``alpha``, ``value_bits``, ``select`` ("magnitude", "variance", "random" or
-    "oracle") and ``seed``. ``str(m)`` is the canonical spec
+    ``alpha``, ``value_bits``, ``key_bits`` (2, or 8 for 8-bit key pages),
+    ``select`` ("magnitude", "variance", "random" or "oracle") and ``seed``. ``str(m)`` is the canonical spec
     (kkv_method_format), which parses back to an equal method.
     """
 
@@ -55,6 +55,8 @@ class Method:
             for k, v in overrides.items():
                 if k == "vbits":
                     k = "value_bits"
+                if k == "kbits":
+                    k = "key_bits"
                 if k == "select":
                     if v not in SELECT_NAMES:
                         raise InvalidArgument(f"select: '{v}' is not one of {SELECT_NAMES}")
@@ -64,7 +66,8 @@ class Method:
                 if k not in ("sink", "group", "window", "alpha", "value_bits", "select",
                              "seed") + (("eager_values",) if _lib.HAS_FORK else ()) + \
                         (_lib.PLUS_FIELDS if _lib.HAS_PLUS else ()) + \
-                        (_lib.BUDGET_FIELDS if _lib.HAS_BUDGET else ()):
+                        (_lib.BUDGET_FIELDS if _lib.HAS_BUDGET else ()) + \
+                        (_lib.KEY8_FIELDS if _lib.HAS_KEY8 else ()):
                     raise InvalidArgument(f"Method: unknown field '{k}'")
                 setattr(m, k, v)
             # the library's own rules decide what is consistent: format what we
@@ -92,6 +95,8 @@ class Method:
     window = property(lambda self: self._m.window)
     alpha = property(lambda self: float(self._m.alpha))
     value_bits = property(lambda self: self._m.value_bits)
+    # 2 (the boosted 2/4-bit key pages) or 8; 2 in libraries without 8-bit keys
+    key_bits = property(lambda self: 8 if getattr(self._m, "key_bits", 2) == 8 else 2)
     select = property(lambda self: SELECT_NAMES[self._m.select])
     seed = property(lambda self: int(self._m.seed))
     # eager value quantization (spec key eager=1), in libraries that have it
@@ -113,8 +118,8 @@ class Method:
 
     def _key(self):
         m = self._m
-        return (m.fp16, m.sink, m.group, m.window, m.alpha, m.value_bits, m.select, m.seed,
-                getattr(m, "eager_values", 0))
+        # every field the library has (key_bits 0 reads as 2)
+        return tuple(self.key_bits if f == "key_bits" else getattr(m, f) for f, _ in m._fields_)
 
     def __eq__(self, other):
         return isinstance(other, Method) and self._key() == other._key()
@@ -498,7 +503,10 @@ class Cache(Handle):
                   if _lib.HAS_BUDGET else -1)
         if nb < 0:
             nb = _L.kkv_method_boost(ctypes.byref(m), D)
-        n = _L.kkv_key_page_bytes(D, m.group, nb)
+        if getattr(m, "key_bits", 2) == 8:  # the 8-bit key page (no boost)
+            n = _L.kkv_key8_page_bytes(D, m.group)
+        else:
+            n = _L.kkv_key_page_bytes(D, m.group, nb)
         buf = np.empty(n, np.uint8)
         with self._use() as c:
             check(_L.kkv_seq_key_page(c, buf.ctypes.data, n, int(seq), int(layer), int(head),

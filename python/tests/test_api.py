@@ -43,6 +43,30 @@ def test_method_fields_and_format():
     assert hash(kittykv.Method("kitty")) == hash(kittykv.Method.parse("kitty"))
 
 
+def test_eight_bit_pages():
+    m = kittykv.Method.parse("kivi-k8v8")
+    assert (m.key_bits, m.value_bits, m.sink, m.window, m.alpha) == (8, 8, 0, 0, 0.0)
+    assert kittykv.Method("kivi-k8v8", vbits=4) == kittykv.Method.parse("kivi-k8v8:vbits=4")
+    assert kittykv.Method.parse("kitty").key_bits == 2
+    assert kittykv.Method("kivi-k8v8", kbits=2) != m
+    with pytest.raises(kittykv.InvalidArgument):
+        kittykv.Method("kitty", kbits=8)  # 8-bit keys have no boost
+    rng = np.random.default_rng(5)
+    D = 32
+    with kittykv.Cache(1, 1, D, "kivi-k8v8:group=8", 4 << 20) as c:
+        s = c.add_sequence()
+        K = rng.standard_normal((20, D), dtype=np.float32)
+        V = rng.standard_normal((20, D), dtype=np.float32)
+        c.extend(s, 0, K, V)
+        k, v = c.read(s, 0, 0)
+        # half a step of an 8-bit range (about 6 sigma wide) is ~0.012
+        assert np.max(np.abs(k - K)) < 0.05 and np.max(np.abs(v - V)) < 0.05
+        page = c.key_page(s, 0, 0, 0)
+        assert page.size == D * 8 + 4 * D
+        q = rng.standard_normal(D, dtype=np.float32)
+        assert np.max(np.abs(c.attend(s, 0, q) - _attn_ref(q, k, v))) < 1e-4
+
+
 @pytest.mark.parametrize("spec,exc", [
     ("nope", kittykv.NotFound),
     ("kitty:alpha=3", kittykv.InvalidArgument),

@@ -88,7 +88,8 @@ static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, c
     int D = c->D, n = b->n, m = n - skip;
     /* fp16 streams: the values are prefetched while the keys are scored, the
      * next page's keys (next_k, n rows) while the values are summed */
-    if (b->kpage) ops->qk_page(sc, q, n_rep, b->kpage, D, c->G, b->knb);
+    if (b->kpage && c->kbits == 8) kkv_qk_page8(sc, q, n_rep, b->kpage, D, c->G);
+    else if (b->kpage) ops->qk_page(sc, q, n_rep, b->kpage, D, c->G, b->knb);
     else ops->qk_f16(sc, q, n_rep, b->k16, n, D, b->vsplit || b->vpage ? NULL : b->v16);
     if (skip) { /* rows [n_rep][n] -> [n_rep][m] in place (destinations never pass sources) */
         for (int r = 0; r < n_rep; r++)
@@ -103,6 +104,7 @@ static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, c
     }
     /* sc now holds the unnormalised probabilities, [n_rep][n] */
     if (b->vsplit) pv_split(c, acc, sc, n_rep, b);
+    else if (b->vpage && c->vbits == 8) kkv_pv_page8(acc, sc, n_rep, b->vpage, D, c->G);
     else if (b->vpage) ops->pv_page(acc, sc, n_rep, b->vpage, D, c->G, c->vbits);
     else ops->pv_f16(acc, sc, n_rep, b->v16, n, D, next_k);
 }

@@ -51,10 +51,12 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
     c->R = m->fp16 ? 0 : m->window;
     c->nb = kkv_method_boost(m, c->D);
     c->vbits = m->value_bits;
+    c->kbits = !c->fp16 && m->key_bits == 8 ? 8 : 2;
     if (c->fp16) {
         c->kpage = c->vpage = (size_t)c->G * c->D * 2;
     } else {
-        c->kpage = kkv_key_page_bytes(c->D, c->G, c->nb);
+        c->kpage = c->kbits == 8 ? kkv_key8_page_bytes(c->D, c->G)
+                                 : kkv_key_page_bytes(c->D, c->G, c->nb);
         c->vpage = kkv_value_page_bytes(c->D, c->G, c->vbits);
     }
     c->eager = !c->fp16 && m->eager_values;
@@ -762,6 +764,9 @@ static void flush_data(kkv_cache *c, kkv_seq *s, int l) {
             uint8_t *dst = kkv_kpage_ptr(c, s, p, l, h);
             if (c->fp16) {
                 memcpy(dst, kt, (size_t)c->G * D * 2);
+            } else if (c->kbits == 8) {
+                for (size_t i = 0; i < (size_t)c->G * D; i++) c->tile[i] = kkv_f16_to_f32(kt[i]);
+                kkv_key8_encode_ref(dst, c->tile, c->D, c->G);
             } else {
                 const uint8_t *rank = c->rank ? c->rank + ((size_t)l * c->H + h) * D : NULL;
                 uint64_t seed = kkv_mix64(c->cfg.method.seed, ((uint64_t)l << 20) | (uint64_t)h);
@@ -783,10 +788,11 @@ static void flush_data(kkv_cache *c, kkv_seq *s, int l) {
             uint8_t *dst = kkv_vpage_ptr(c, s, p, l, h);
             if (c->fp16) {
                 memcpy(dst, vt, (size_t)c->G * D * 2);
-            } else if (c->cfg.method.value_clip) {
+            } else if (c->cfg.method.value_clip || c->vbits == 8) { /* row by row */
                 for (int t = 0; t < c->G; t++) {
                     for (size_t j = 0; j < D; j++) c->tile[j] = kkv_f16_to_f32(vt[t * D + j]);
-                    kkv_value_row_encode_clip_ref(dst, t, c->tile, c->D, c->G, c->vbits, 1);
+                    kkv_value_row_encode_clip_ref(dst, t, c->tile, c->D, c->G, c->vbits,
+                                                  c->cfg.method.value_clip);
                 }
             } else {
                 c->ops->value_encode(dst, c->tile, vt, c->D, c->G, c->vbits);

@@ -71,6 +71,7 @@ typedef struct kkv_seq {
 struct kkv_cache {
     kkv_cache_config cfg;
     int L, H, D, G, S, R, nb, vbits, fp16, eager;
+    int kbits;              /* 2 (the boosted format) or 8 (8-bit key pages) */
     int   *win;             /* [L] window of each layer (0 = all); cfg.layer_window points here, or NULL */
     size_t kpage, vpage;    /* bytes of one key / value page of one head */
     size_t slot_bytes;      /* H * (kpage + vpage): one layer's page p */

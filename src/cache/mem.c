@@ -67,10 +67,16 @@ static void add_seq(const kkv_cache *c, const kkv_seq *s, kkv_mem *m, uint64_t *
         if (c->fp16) {
             m->fp16 += (kp + vp) * G * D * 2 + vpart * H * D * 2;
         } else {
-            m->key_lo += kp * (kl.hi - kl.lo);
-            m->key_hi += kp * (kl.idx - kl.hi);
-            m->key_idx += kp * (kl.scale - kl.idx);
-            m->key_meta += kp * (kl.bytes - kl.scale);
+            if (c->kbits == 8) { /* codes, then scale and min */
+                kkv_key8_layout k8 = kkv_key8_layout_of(c->D, c->G);
+                m->key_lo += kp * (k8.scale - k8.codes);
+                m->key_meta += kp * (k8.bytes - k8.scale);
+            } else {
+                m->key_lo += kp * (kl.hi - kl.lo);
+                m->key_hi += kp * (kl.idx - kl.hi);
+                m->key_idx += kp * (kl.scale - kl.idx);
+                m->key_meta += kp * (kl.bytes - kl.scale);
+            }
             m->value_codes += vp * (vl.scale - vl.codes) + vpart * H * vrow;
             m->value_meta += vp * (vl.bytes - vl.scale) + vpart * H * 4;
         }

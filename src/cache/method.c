@@ -11,21 +11,22 @@ typedef struct {
     /* beyond the paper (docs/FORMAT.md section 5): 0 for the paper's methods */
     int eager, pairs, clip, value_clip;
     kkv_rot value_rot;
-    int window;        /* R (0 here = 128, the paper's) */
+    int window;        /* R (the paper's: 128) */
     kkv_budget budget;
+    int key_bits;      /* 2 (4 where boosted) or 8 */
 } named_method;
 
 /* KIVI methods are the Kitty lifecycle with no boost (alpha 0: 2-bit keys,
  * alpha 1: 4-bit keys); S = 32 for the starred ('s') variants. */
 static const named_method methods[] = {
-    {"fp16", 1, 0, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
-    {"kivi-k2v2", 0, 0, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
-    {"kivi-k2v2s", 0, 32, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
-    {"kivi-k4v2s", 0, 32, 2, 1.0f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
-    {"kivi-k2v4s", 0, 32, 4, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
-    {"kivi-k4v4", 0, 0, 4, 1.0f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
-    {"kitty", 0, 32, 2, 0.125f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
-    {"kitty-pro", 0, 32, 2, 0.25f, 0, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE},
+    {"fp16", 1, 0, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE, 128, KKV_BUDGET_NONE, 2},
+    {"kivi-k2v2", 0, 0, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE, 128, KKV_BUDGET_NONE, 2},
+    {"kivi-k2v2s", 0, 32, 2, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE, 128, KKV_BUDGET_NONE, 2},
+    {"kivi-k4v2s", 0, 32, 2, 1.0f, 0, 0, 0, 0, KKV_ROT_NONE, 128, KKV_BUDGET_NONE, 2},
+    {"kivi-k2v4s", 0, 32, 4, 0.0f, 0, 0, 0, 0, KKV_ROT_NONE, 128, KKV_BUDGET_NONE, 2},
+    {"kivi-k4v4", 0, 0, 4, 1.0f, 0, 0, 0, 0, KKV_ROT_NONE, 128, KKV_BUDGET_NONE, 2},
+    {"kitty", 0, 32, 2, 0.125f, 0, 0, 0, 0, KKV_ROT_NONE, 128, KKV_BUDGET_NONE, 2},
+    {"kitty-pro", 0, 32, 2, 0.25f, 0, 0, 0, 0, KKV_ROT_NONE, 128, KKV_BUDGET_NONE, 2},
     /* Calibration-free, at kitty's / kitty-pro's bits (+0.05; docs/RESULTS.md
      * "Beyond the paper"): eager values free the value Q-buffer's fp16 bytes,
      * which buy more boosted channels; whole RoPE pairs; least-squares key
@@ -33,14 +34,19 @@ static const named_method methods[] = {
      * also pools its boost budget over a layer's heads and spends 32 window
      * values' fp16 bytes on 4 more channels (docs/RESULTS.md, "Budget
      * allocation and the fp16 parts"); its pairs did not pay there. */
-    {"kitty-plus", 0, 32, 2, 0.3125f, 1, 1, 1, 0, KKV_ROT_RANDOM, 0, KKV_BUDGET_NONE},
-    {"kitty-plus-pro", 0, 32, 2, 0.515625f, 1, 0, 1, 0, KKV_ROT_RANDOM, 96, KKV_BUDGET_HEAD},
+    {"kitty-plus", 0, 32, 2, 0.3125f, 1, 1, 1, 0, KKV_ROT_RANDOM, 128, KKV_BUDGET_NONE, 2},
+    {"kitty-plus-pro", 0, 32, 2, 0.515625f, 1, 0, 1, 0, KKV_ROT_RANDOM, 96, KKV_BUDGET_HEAD, 2},
+    /* The 8-bit point of the memory/fidelity frontier (docs/RESULTS.md,
+     * "Memory vs fidelity"): keys per channel and values per token in 8 bits,
+     * values quantized as they arrive; at 8 bits a 32-token fp16 sink and a
+     * 128-token window cost 0.15 bits/element at 4K and bought no KL. */
+    {"kivi-k8v8", 0, 0, 8, 0.0f, 1, 0, 0, 0, KKV_ROT_NONE, 0, KKV_BUDGET_NONE, 8},
 };
 #define N_METHODS (sizeof methods / sizeof methods[0])
 
 static const char *const names[N_METHODS + 1] = {
     "fp16", "kivi-k2v2", "kivi-k2v2s", "kivi-k4v2s", "kivi-k2v4s",
-    "kivi-k4v4", "kitty", "kitty-pro", "kitty-plus", "kitty-plus-pro", NULL,
+    "kivi-k4v4", "kitty", "kitty-pro", "kitty-plus", "kitty-plus-pro", "kivi-k8v8", NULL,
 };
 
 const char *const *kkv_method_names(void) { return names; }
@@ -56,7 +62,7 @@ kkv_status kkv_method_from_name(kkv_method *out, const char *name) {
         /* fp16 keeps whole fp16 pages: no sink or window is needed */
         out->sink = m->fp16 ? 0 : m->sink;
         out->group = 128;
-        out->window = m->fp16 ? 0 : (m->window ? m->window : 128);
+        out->window = m->fp16 ? 0 : m->window;
         out->alpha = m->alpha;
         out->value_bits = m->value_bits;
         out->select = KKV_SELECT_MAGNITUDE;
@@ -67,13 +73,15 @@ kkv_status kkv_method_from_name(kkv_method *out, const char *name) {
         out->value_clip = m->value_clip;
         out->value_rot = m->value_rot;
         out->budget = m->budget;
+        out->key_bits = m->key_bits;
         return KKV_OK;
     }
     char shown[64];
     kkv_printable(shown, sizeof shown, name, strlen(name));
     return kkv_fail(KKV_ERR_NOT_FOUND,
                     "unknown method '%s' (fp16, kivi-k2v2, kivi-k2v2s, kivi-k4v2s, "
-                    "kivi-k2v4s, kivi-k4v4, kitty, kitty-pro, kitty-plus, kitty-plus-pro)",
+                    "kivi-k2v4s, kivi-k4v4, kitty, kitty-pro, kitty-plus, kitty-plus-pro, "
+                    "kivi-k8v8)",
                     shown);
 }
 
@@ -99,8 +107,15 @@ kkv_status kkv_method_check(const kkv_method *m, int head_dim) {
         return kkv_fail(KKV_ERR_INVALID_ARG, "window %d must be in 0..1048576", m->window);
     if (!(m->alpha >= 0.0f && m->alpha <= 1.0f))
         return kkv_fail(KKV_ERR_INVALID_ARG, "alpha %g must be in [0, 1]", (double)m->alpha);
-    if (m->value_bits != 2 && m->value_bits != 4)
-        return kkv_fail(KKV_ERR_INVALID_ARG, "value_bits %d must be 2 or 4", m->value_bits);
+    if (m->value_bits != 2 && m->value_bits != 4 && m->value_bits != 8)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "value_bits %d must be 2, 4 or 8", m->value_bits);
+    if (m->key_bits != 0 && m->key_bits != 2 && m->key_bits != 8)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "key_bits %d must be 2 or 8", m->key_bits);
+    if (m->key_bits == 8 && !m->fp16 && (m->alpha != 0.0f || m->clip || m->pairs))
+        return kkv_fail(KKV_ERR_INVALID_ARG, "8-bit keys have no boost or range search: "
+                        "alpha must be 0, clip and pairs off");
+    if (m->value_bits == 8 && m->value_clip)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "8-bit values have no range search: vclip is off");
     if ((unsigned)m->select > KKV_SELECT_RANGE)
         return kkv_fail(KKV_ERR_INVALID_ARG, "unknown channel selection %d", (int)m->select);
     if ((unsigned)m->key_rot > KKV_ROT_RANDOM || (unsigned)m->value_rot > KKV_ROT_RANDOM)

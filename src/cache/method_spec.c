@@ -70,7 +70,7 @@ static int parse_rot(kkv_rot *out, const char *v) {
 enum { SET_ALPHA = 1, SET_SELECT = 2, SET_SEED = 4, SET_SINK = 8, SET_GROUP = 16,
        SET_WINDOW = 32, SET_VBITS = 64, SET_EAGER = 128, SET_PAIRS = 256, SET_ROT = 512,
        SET_VROT = 1024, SET_CLIP = 2048, SET_VCLIP = 4096, SET_BUDGET = 8192,
-       SET_SINK8 = 16384, SET_WIN8 = 32768 };
+       SET_SINK8 = 16384, SET_WIN8 = 32768, SET_KBITS = 65536 };
 
 static kkv_status apply(kkv_method *m, unsigned *set, const char *spec, const char *key,
                         const char *val) {
@@ -104,8 +104,12 @@ static kkv_status apply(kkv_method *m, unsigned *set, const char *spec, const ch
         bad = parse_int(&m->window, val, 0, 1 << 20);
         bit = SET_WINDOW;
     } else if (!strcmp(key, "vbits")) {
-        bad = parse_int(&m->value_bits, val, 2, 4) || m->value_bits == 3;
+        bad = parse_int(&m->value_bits, val, 2, 8) ||
+              (m->value_bits != 2 && m->value_bits != 4 && m->value_bits != 8);
         bit = SET_VBITS;
+    } else if (!strcmp(key, "kbits")) {
+        bad = parse_int(&m->key_bits, val, 2, 8) || (m->key_bits != 2 && m->key_bits != 8);
+        bit = SET_KBITS;
     } else if (!strcmp(key, "eager")) {
         bad = parse_int(&m->eager_values, val, 0, 1);
         bit = SET_EAGER;
@@ -139,7 +143,8 @@ static kkv_status apply(kkv_method *m, unsigned *set, const char *spec, const ch
     } else {
         return kkv_fail(KKV_ERR_INVALID_ARG,
                         "method spec '%s': unknown key '%s' (alpha, select, seed, sink, group, "
-                        "window, vbits, eager, pairs, rot, vrot, clip, vclip, budget, sink8, win8)", spec, key);
+                        "window, vbits, kbits, eager, pairs, rot, vrot, clip, vclip, budget, sink8, "
+                        "win8)", spec, key);
     }
     if (bad)
         return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': bad value '%s' for %s", spec,
@@ -197,6 +202,12 @@ kkv_status kkv_method_parse(kkv_method *out, const char *spec) {
         return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': budget pools boosted channels "
                         "by a measured score: it needs 0 < alpha < 1 and select magnitude, "
                         "variance or range", spec);
+    if (m.key_bits == 8 && (m.alpha != 0.0f || m.clip || m.pairs))
+        return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': 8-bit keys (kbits=8) have no "
+                        "boost or range search: alpha must be 0, clip and pairs off", spec);
+    if (m.value_bits == 8 && m.value_clip)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': 8-bit values (vbits=8) have no "
+                        "range search: vclip must be off", spec);
     if (m.sink_int8 && m.sink == 0)
         return kkv_fail(KKV_ERR_INVALID_ARG, "method spec '%s': sink8 needs a sink", spec);
     if (m.window_int8 && m.window == 0)
@@ -224,6 +235,7 @@ static unsigned differ(const kkv_method *a, const kkv_method *b) {
     if (a->budget != b->budget) d |= SET_BUDGET;
     if (a->sink_int8 != b->sink_int8) d |= SET_SINK8;
     if (a->window_int8 != b->window_int8) d |= SET_WIN8;
+    if ((a->key_bits == 8) != (b->key_bits == 8)) d |= SET_KBITS; /* 0 reads as 2 */
     return d;
 }
 
@@ -282,6 +294,8 @@ kkv_status kkv_method_format(char *buf, size_t cap, size_t *n_out, const kkv_met
                                                 m->sink_int8);
         if (best_d & SET_WIN8) len += snprintf(tmp + len, sizeof tmp - len, ":win8=%d",
                                                m->window_int8);
+        if (best_d & SET_KBITS) len += snprintf(tmp + len, sizeof tmp - len, ":kbits=%d",
+                                                m->key_bits == 8 ? 8 : 2);
     }
     if (n_out) *n_out = (size_t)len;
     if ((size_t)len + 1 > cap)

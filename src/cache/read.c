@@ -33,6 +33,7 @@ kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int lay
             }
             const uint8_t *pg = kkv_kpage_ptr(c, s, p, layer, head);
             if (c->fp16) widen_rows(o, (const uint16_t *)(const void *)pg, G, D);
+            else if (c->kbits == 8) kkv_key8_decode_ref(o, pg, D, G);
             else kkv_key_decode_ref(o, pg, D, G, kkv_kpage_nb(c, s, p, layer, head));
         }
         widen_rows(o, kkv_ktail(c, s, layer, head), n.ktail, D);
@@ -75,8 +76,8 @@ kkv_status kkv_seq_key_page(const kkv_cache *c, void *dst, size_t dst_bytes, int
     if (page < kkv_counts_of(c, s, layer).drop)
         return kkv_fail(KKV_ERR_NOT_FOUND, "key_page: page %d of layer %d was released (before "
                         "the layer's window)", page, layer);
-    size_t bytes = c->fp16 ? c->kpage
-                           : kkv_key_page_bytes(c->D, c->G, kkv_kpage_nb(c, s, page, layer, head));
+    size_t bytes = !c->bmode ? c->kpage
+                             : kkv_key_page_bytes(c->D, c->G, kkv_kpage_nb(c, s, page, layer, head));
     if (!dst || dst_bytes < bytes)
         return kkv_fail(KKV_ERR_INVALID_ARG, "key_page: buffer of %zu bytes, page has %zu",
                         dst_bytes, bytes);

@@ -75,6 +75,7 @@ static uint32_t plus_options(const kkv_cache *c) {
     if (m->pairs) o |= (uint32_t)(c->cfg.rope_neox != 0) << 7 | (uint32_t)c->cfg.rope_dims << 8;
     /* bits 8..16 hold rope_dims (at most 256) */
     o |= (uint32_t)c->bmode << 17 | (uint32_t)m->sink_int8 << 19 | (uint32_t)m->window_int8 << 20;
+    o |= (uint32_t)(c->kbits == 8) << 21;
     return o;
 }
 
@@ -234,6 +235,9 @@ static int rows_finite(const uint8_t *b, size_t n) {
  * parts are not finite, is malformed. */
 static const char *bad_key_page(const kkv_cache *c, const uint8_t *pg, int nb) {
     if (c->fp16) return rows_finite(pg, (size_t)c->G * c->D) ? NULL : "non-finite fp16 key";
+    if (c->kbits == 8) /* every code byte is in range */
+        return rows_finite(pg + kkv_key8_layout_of(c->D, c->G).scale, 2 * (size_t)c->D)
+                   ? NULL : "non-finite key scale or min";
     kkv_key_layout kl = kkv_key_layout_of(c->D, c->G, nb);
     uint8_t used[KKV_MAX_HEAD_DIM] = {0};
     int boosted = 0;
@@ -403,7 +407,7 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
                     if (hh + 1 < c->H) pfx[hh + 1] = (uint16_t)end;
                     nb = (int)v;
                 }
-                size_t kb = c->fp16 ? c->kpage : kkv_key_page_bytes(c->D, G, nb);
+                size_t kb = !c->bmode ? c->kpage : kkv_key_page_bytes(c->D, G, nb);
                 if (take(&r, kb, &b)) {
                     why = "truncated contents";
                     break;

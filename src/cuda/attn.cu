@@ -143,7 +143,8 @@ __global__ static void merge_kernel(float *out, const float *part_acc, const flo
 extern "C" int kkv_cuda_attend_pages(float *part_acc, float *part_ml, const kkv_cuda_pages *pages,
                                      const float *q, int n_q, int n_split, void *stream) {
     if (!pages || pages->n_kv <= 0 || n_q % pages->n_kv || n_q / pages->n_kv > MAX_REP ||
-        pages->head_dim > MAX_D || pages->group > 1024 || pages->group % 32 || n_split < 1)
+        pages->head_dim > MAX_D || pages->group > 1024 || pages->group % 32 || n_split < 1 ||
+        (pages->value_bits != 2 && pages->value_bits != 4 && pages->value_bits != 8))
         return (int)cudaErrorInvalidValue;
     dim3 grid((unsigned)pages->n_kv, (unsigned)n_split);
     attend_pages_kernel<<<grid, (unsigned)pages->group, 0, (cudaStream_t)stream>>>(

@@ -1,7 +1,8 @@
 /* Optional CUDA backend: fused decode attention over Kitty pages on the GPU.
  *
  * Scope: the quantized page range of one (sequence, layer), all KV heads, in
- * the page format of kittykv.h, with pages stored contiguously on the device:
+ * the page format of kittykv.h (key pages in the 2-bit boosted format, not
+ * key_bits 8; value pages of 2, 4 or 8 bits), stored contiguously on the device:
  *   kpages: [n_pages][n_kv][kpage_bytes]   vpages: [n_pages][n_kv][vpage_bytes]
  * It returns partial softmax states (max, sum, unnormalised output) per query
  * head and page split, which merge with the fp16 parts (sink, Q-buffers,

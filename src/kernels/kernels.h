@@ -62,6 +62,11 @@ typedef struct kkv_ops {
     void (*softmax)(float *s, float *ml, float *acc, int n_rep, int n, int D, float inv);
 } kkv_ops;
 
+/* 8-bit pages (attn_page8.c), the same for every table: s [n_rep][G] over an
+ * 8-bit key page, acc [n_rep][D] += p [n_rep][G] x an 8-bit value page. */
+void kkv_qk_page8(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G);
+void kkv_pv_page8(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G);
+
 /* The table of a kernel kind; NULL if this CPU/build lacks it. */
 const kkv_ops *kkv_ops_get(kkv_kernel k);
 

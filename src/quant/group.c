@@ -18,7 +18,12 @@ size_t kkv_key_page_bytes(int head_dim, int group, int n_boost) {
     return kkv_key_layout_of(head_dim, group, n_boost).bytes;
 }
 
+size_t kkv_key8_page_bytes(int head_dim, int group) {
+    if (head_dim <= 0 || group <= 0) return 0;
+    return kkv_key8_layout_of(head_dim, group).bytes;
+}
+
 size_t kkv_value_page_bytes(int head_dim, int group, int bits) {
-    if (head_dim <= 0 || group <= 0 || (bits != 2 && bits != 4)) return 0;
+    if (head_dim <= 0 || group <= 0 || (bits != 2 && bits != 4 && bits != 8)) return 0;
     return kkv_value_layout_of(head_dim, group, bits).bytes;
 }

@@ -23,6 +23,14 @@ typedef struct kkv_key_layout {
     size_t bytes; /* whole page */
 } kkv_key_layout;
 
+/* The 8-bit key page (key_bits = 8): no boost, one byte per code. */
+typedef struct kkv_key8_layout {
+    size_t codes; /* [D][G]   */
+    size_t scale; /* [D] fp16 */
+    size_t mn;    /* [D] fp16 */
+    size_t bytes;
+} kkv_key8_layout;
+
 typedef struct kkv_value_layout {
     size_t codes; /* [G][D*bits/8] */
     size_t scale; /* [G] fp16      */
@@ -37,6 +45,15 @@ static inline KKV_HD kkv_key_layout kkv_key_layout_of(int D, int G, int nb) {
     l.hi = l.lo + (size_t)D * row;
     l.idx = l.hi + (size_t)nb * row;
     l.scale = l.idx + (size_t)D;
+    l.mn = l.scale + 2 * (size_t)D;
+    l.bytes = l.mn + 2 * (size_t)D;
+    return l;
+}
+
+static inline KKV_HD kkv_key8_layout kkv_key8_layout_of(int D, int G) {
+    kkv_key8_layout l;
+    l.codes = 0;
+    l.scale = (size_t)D * (size_t)G;
     l.mn = l.scale + 2 * (size_t)D;
     l.bytes = l.mn + 2 * (size_t)D;
     return l;

@@ -60,6 +60,33 @@ void kkv_key_decode_ref(float *k, const uint8_t *page, int D, int G, int nb) {
     }
 }
 
+void kkv_key8_encode_ref(uint8_t *page, const float *k, int D, int G) {
+    kkv_key8_layout L = kkv_key8_layout_of(D, G);
+    for (int j = 0; j < D; j++) {
+        float mn = k[j], mx = k[j];
+        for (int t = 1; t < G; t++) {
+            float x = k[(size_t)t * D + j];
+            mn = x < mn ? x : mn;
+            mx = x > mx ? x : mx;
+        }
+        kkv_qparams p = kkv_qparams_of(mn, mx, 8);
+        kkv_st16(page + L.scale + 2 * (size_t)j, p.scale16);
+        kkv_st16(page + L.mn + 2 * (size_t)j, p.mn16);
+        uint8_t *codes = page + L.codes + (size_t)j * G; /* [G] */
+        for (int t = 0; t < G; t++) codes[t] = kkv_quant_code(k[(size_t)t * D + j], &p, 255);
+    }
+}
+
+void kkv_key8_decode_ref(float *k, const uint8_t *page, int D, int G) {
+    kkv_key8_layout L = kkv_key8_layout_of(D, G);
+    for (int j = 0; j < D; j++) {
+        float scale = kkv_f16_to_f32(kkv_ld16(page + L.scale + 2 * (size_t)j));
+        float mn = kkv_f16_to_f32(kkv_ld16(page + L.mn + 2 * (size_t)j));
+        const uint8_t *codes = page + L.codes + (size_t)j * G;
+        for (int t = 0; t < G; t++) k[(size_t)t * D + j] = (float)codes[t] * scale + mn;
+    }
+}
+
 void kkv_value_row_encode_ref(uint8_t *page, int t, const float *x, int D, int G, int bits) {
     kkv_value_row_encode_clip_ref(page, t, x, D, G, bits, 0);
 }
@@ -175,10 +202,31 @@ kkv_status kkv_key_page_decode(float *out, const void *src, int head_dim, int gr
     return KKV_OK;
 }
 
+kkv_status kkv_key8_page_encode(void *dst, const float *k, int head_dim, int group) {
+    KKV_TRY(check_shape(head_dim, group, "8-bit key page"));
+    if (!dst || !k) return kkv_fail(KKV_ERR_INVALID_ARG, "8-bit key page: NULL buffer");
+    size_t n = (size_t)group * (size_t)head_dim;
+    float *tmp = malloc(n * sizeof *tmp); /* [G][D] */
+    if (!tmp) return kkv_fail(KKV_ERR_NOMEM, "8-bit key page: out of memory");
+    kkv_status s = round_f16(tmp, k, n, "8-bit key page");
+    if (s == KKV_OK) kkv_key8_encode_ref(dst, tmp, head_dim, group);
+    free(tmp);
+    return s;
+}
+
+kkv_status kkv_key8_page_decode(float *out, const void *src, int head_dim, int group) {
+    KKV_TRY(check_shape(head_dim, group, "8-bit key page"));
+    if (!out || !src) return kkv_fail(KKV_ERR_INVALID_ARG, "8-bit key page: NULL buffer");
+    kkv_key8_decode_ref(out, src, head_dim, group);
+    return KKV_OK;
+}
+
+static int value_bits_ok(int bits) { return bits == 2 || bits == 4 || bits == 8; }
+
 kkv_status kkv_value_page_encode(void *dst, const float *v, int head_dim, int group,
                                  int bits) {
     KKV_TRY(check_shape(head_dim, group, "value page"));
-    if (!dst || !v || (bits != 2 && bits != 4))
+    if (!dst || !v || !value_bits_ok(bits))
         return kkv_fail(KKV_ERR_INVALID_ARG, "value page: bad buffer or bits %d", bits);
     size_t n = (size_t)group * (size_t)head_dim;
     float *tmp = malloc(n * sizeof *tmp); /* [G][D] */
@@ -192,7 +240,7 @@ kkv_status kkv_value_page_encode(void *dst, const float *v, int head_dim, int gr
 kkv_status kkv_value_page_decode(float *out, const void *src, int head_dim, int group,
                                  int bits) {
     KKV_TRY(check_shape(head_dim, group, "value page"));
-    if (!out || !src || (bits != 2 && bits != 4))
+    if (!out || !src || !value_bits_ok(bits))
         return kkv_fail(KKV_ERR_INVALID_ARG, "value page: bad buffer or bits %d", bits);
     kkv_value_decode_ref(out, src, head_dim, group, bits);
     return KKV_OK;

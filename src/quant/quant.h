@@ -80,6 +80,9 @@ void kkv_order_channels(uint8_t *order, const float *score, int D);
 void kkv_key_encode_ref(uint8_t *page, const float *k, int D, int G, int nb,
                         const uint8_t *order);
 void kkv_key_decode_ref(float *k, const uint8_t *page, int D, int G, int nb);
+/* 8-bit key page: per channel min/max over the G tokens, codes 0..255. */
+void kkv_key8_encode_ref(uint8_t *page, const float *k, int D, int G);
+void kkv_key8_decode_ref(float *k, const uint8_t *page, int D, int G);
 void kkv_value_encode_ref(uint8_t *page, const float *v, int D, int G, int bits);
 void kkv_value_decode_ref(float *v, const uint8_t *page, int D, int G, int bits);
 /* Row t of a value page alone (the page's other rows are left as they are):

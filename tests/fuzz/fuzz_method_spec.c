@@ -17,7 +17,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static int same_method(const kkv_method *a, const kkv_method *b) {
     return a->fp16 == b->fp16 && a->sink == b->sink && a->group == b->group &&
            a->window == b->window && a->alpha == b->alpha && a->value_bits == b->value_bits &&
-           a->select == b->select && a->seed == b->seed;
+           a->select == b->select && a->seed == b->seed && a->eager_values == b->eager_values &&
+           a->pairs == b->pairs && a->key_rot == b->key_rot && a->value_rot == b->value_rot &&
+           a->clip == b->clip && a->value_clip == b->value_clip && a->budget == b->budget &&
+           a->sink_int8 == b->sink_int8 && a->window_int8 == b->window_int8 &&
+           a->key_bits == b->key_bits;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

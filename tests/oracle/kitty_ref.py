@@ -32,15 +32,25 @@ METHODS = {
     "kivi-k4v4": (False, 0, 1.0, 4),
     "kitty": (False, 32, 0.125, 2),
     "kitty-pro": (False, 32, 0.25, 2),
+    # 8-bit keys and values, eager, no window (key_bits 8: FORMAT.md section 2)
+    "kivi-k8v8": (False, 0, 0.0, 8),
 }
+# fields beyond (fp16, sink, alpha, value_bits) where a method differs from the paper's
+METHOD_EXTRA = {"kivi-k8v8": dict(window=0, eager=1, key_bits=8)}
 
 
 class Method:
-    def __init__(self, name, alpha=None, select="magnitude", sink=None, group=128, window=128,
-                 pairs=0, clip=0, vclip=0):
+    def __init__(self, name, alpha=None, select="magnitude", sink=None, group=128, window=None,
+                 pairs=0, clip=0, vclip=0, eager=None):
         # a spec "kitty:pairs=1:..." names its base method before the first ':'
         # (the options themselves come as keywords)
-        fp16, s, a, vb = METHODS[name.split(":")[0]]
+        base = name.split(":")[0]
+        fp16, s, a, vb = METHODS[base]
+        extra = METHOD_EXTRA.get(base, {})
+        self.key_bits = extra.get("key_bits", 2)
+        self.eager = extra.get("eager", 0) if eager is None else eager
+        if window is None:
+            window = extra.get("window", 128)
         self.name = name
         self.pairs = pairs  # docs/FORMAT.md section 5, adjacent RoPE pairs over all D
         self.clip = clip
@@ -54,7 +64,7 @@ class Method:
         self.select = select
 
     def n_boost(self, D):
-        if self.fp16:
+        if self.fp16 or self.key_bits == 8:
             return 0
         a = float(np.float32(self.alpha))
         return int(math.floor(a * D + 0.5))
@@ -192,6 +202,21 @@ def value_page_bytes(D, G, bits):
     return G * D * bits // 8 + 4 * G
 
 
+def key8_page_bytes(D, G):
+    return D * G + 4 * D
+
+
+def key8_page_encode(k):
+    """8-bit key page: k [G][D] fp16-exact float32, per channel min/max over
+    the page, codes [D][G] one byte each. Returns (page bytes, decoded)."""
+    scale16, mn16 = qparams(k.min(axis=0), k.max(axis=0), 8)
+    q = quantize(k, scale16[None, :], mn16[None, :], 8)  # [G][D]
+    page = q.T.astype(np.uint8).tobytes() + scale16.astype("<f2").tobytes() + \
+        mn16.astype("<f2").tobytes()
+    assert len(page) == key8_page_bytes(*k.shape[::-1])
+    return page, dequantize(q, scale16[None, :], mn16[None, :])
+
+
 def key_page_encode(k, nb, select="magnitude", pairs=0, clip=0):
     """k: [G][D] fp16-exact float32. Returns (page bytes, decoded [G][D])."""
     G, D = k.shape
@@ -227,7 +252,7 @@ def value_page_encode(v, bits, clip=0):
     for t in range(G) if clip else ():
         scale16[t], mn16[t] = search_range(v[t], v[t].min(), v[t].max(), bits)
     q = quantize(v, scale16[:, None], mn16[:, None], bits)
-    codes = pack2_rows(q) if bits == 2 else pack4_rows(q)
+    codes = pack2_rows(q) if bits == 2 else pack4_rows(q) if bits == 4 else q.astype(np.uint8)
     page = codes.tobytes() + scale16.astype("<f2").tobytes() + mn16.astype("<f2").tobytes()
     assert len(page) == value_page_bytes(D, G, bits)
     return page, dequantize(q, scale16[:, None], mn16[:, None])
@@ -258,29 +283,36 @@ def lifecycle(m, keys, values=None):
     kp = n // G
     ktail = n - kp * G
     vp = max(0, n - R) // G
-    vtail = n - vp * G
+    # eager: every value out of the window is quantized (a row is its own group)
+    vq = max(0, n - R) if m.eager else vp * G
+    vtail = n - vq
     kout = k16.copy()
     pages = []
     for p in range(kp):
         a = sink + p * G
-        page, dec = key_page_encode(k16[a:a + G], nb, m.select, m.pairs, m.clip)
+        if m.key_bits == 8:
+            page, dec = key8_page_encode(k16[a:a + G])
+        else:
+            page, dec = key_page_encode(k16[a:a + G], nb, m.select, m.pairs, m.clip)
         pages.append(page)
         kout[a:a + G] = dec
     vout = None
     if values is not None:
         vout = v16.copy()
-        for p in range(vp):
-            a = sink + p * G
-            _, dec = value_page_encode(v16[a:a + G], m.value_bits, m.vclip)
-            vout[a:a + G] = dec
-    b["key_lo"] = kp * D * G // 4
-    b["key_hi"] = kp * nb * G // 4
-    b["key_idx"] = kp * D
+        if vq:
+            _, dec = value_page_encode(v16[sink:sink + vq], m.value_bits, m.vclip)
+            vout[sink:sink + vq] = dec
+    if m.key_bits == 8:
+        b["key_lo"] = kp * D * G
+    else:
+        b["key_lo"] = kp * D * G // 4
+        b["key_hi"] = kp * nb * G // 4
+        b["key_idx"] = kp * D
     b["key_meta"] = kp * 4 * D
     b["fp16"] = (sink + ktail) * D * 2
     if values is not None:
-        b["value_codes"] = vp * G * D * m.value_bits // 8
-        b["value_meta"] = vp * 4 * G
+        b["value_codes"] = vq * D * m.value_bits // 8
+        b["value_meta"] = vq * 4
         b["fp16"] += (sink + vtail) * D * 2
     b["total"] = sum(b[c] for c in ("key_lo", "key_hi", "key_idx", "key_meta",
                                     "value_codes", "value_meta", "fp16"))

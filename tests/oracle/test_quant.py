@@ -168,7 +168,8 @@ def cli_case(tl, cli, tmp, ref, name, T, D, seed, extra=(), method_kw=None, with
                 a = np.frombuffer(data, np.uint8)
                 b = np.frombuffer(want, np.uint8)
                 off = int(np.argmax(a != b))
-                pb = ref.key_page_bytes(D, m.group, r["n_boost"])
+                pb = ref.key8_page_bytes(D, m.group) if m.key_bits == 8 else \
+                    ref.key_page_bytes(D, m.group, r["n_boost"])
                 tl.check(False, "%s: page bytes differ: page %d at %s: C 0x%02x oracle 0x%02x" % (
                     tag, off // pb, page_part(off % pb, D, m.group, r["n_boost"]), a[off], b[off]))
             else:
@@ -399,6 +400,10 @@ def main():
                 cli_case(tl, a.kittykv, tmp, ref, "kivi-k4v4", T, D, seed,
                          ["--sink", "0", "--group", "4", "--window", "0"],
                          dict(sink=0, group=4, window=0))
+                # 8-bit pages with a sink, small pages and eager values leaving a window
+                cli_case(tl, a.kittykv, tmp, ref, "kivi-k8v8", T, D, seed,
+                         ["--sink", "4", "--group", "8", "--window", "12"],
+                         dict(sink=4, group=8, window=12))
                 # beyond the paper (docs/FORMAT.md section 5): pairs, clipped ranges
                 if T in (33, 289, 417, 1000) or (D == 12 and T == 545):
                     cli_case(tl, a.kittykv, tmp, ref, "kitty:pairs=1", T, D, seed, [],

@@ -153,9 +153,9 @@ int an_stability(an_ctx *a) {
         return 2;
     }
     const kkv_method *mt = &sp.method;
-    if (mt->fp16 || mt->select == KKV_SELECT_EXPLICIT) {
+    if (mt->fp16 || mt->select == KKV_SELECT_EXPLICIT || mt->key_bits == 8) {
         fprintf(stderr, "kittykv analyze stability: --method must be a quantized method with "
-                "magnitude, variance or random selection\n");
+                "2-bit key pages and magnitude, variance or random selection\n");
         return 2;
     }
     if (kkv_method_check(mt, D) != KKV_OK) return an_fail(a, "--method");

@@ -29,7 +29,8 @@ static const char *const SYNOPSIS =
 static const char *const EPILOG =
     "A method spec is a method name with optional ':key=value' overrides:\n"
     "  alpha=F  select=magnitude|variance|random|range  seed=N  sink=N  group=N\n"
-    "  window=N vbits=2|4  eager=0|1 (values quantized as they leave the window)\n"
+    "  window=N vbits=2|4|8  kbits=2|8 (8-bit key pages: alpha 0)\n"
+    "  eager=0|1 (values quantized as they leave the window)\n"
     "  beyond the paper (docs/FORMAT.md section 5):\n"
     "  pairs=0|1            boost whole RoPE pairs (the model's rope layout)\n"
     "  rot=none|hadamard|random   keys stored rotated, queries rotated alike\n"
