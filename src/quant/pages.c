@@ -21,12 +21,8 @@ void kkv_key_encode_clip_ref(uint8_t *page, const float *k, int D, int G, int nb
     memset(idx, nb, (size_t)D);
     for (int r = 0; r < nb; r++) idx[order[r]] = (uint8_t)r;
     for (int j = 0; j < D; j++) {
-        float mn = k[j], mx = k[j];
-        for (int t = 1; t < G; t++) {
-            float x = k[(size_t)t * D + j];
-            mn = x < mn ? x : mn;
-            mx = x > mx ? x : mx;
-        }
+        float mn, mx;
+        kkv_channel_range(k, D, G, j, &mn, &mx);
         int boosted = idx[j] < nb;
         int maxq = boosted ? 15 : 3;
         kkv_qparams p = clip ? kkv_qparams_search(k + j, (size_t)D, G, mn, mx, boosted ? 4 : 2)
@@ -63,12 +59,8 @@ void kkv_key_decode_ref(float *k, const uint8_t *page, int D, int G, int nb) {
 void kkv_key8_encode_ref(uint8_t *page, const float *k, int D, int G) {
     kkv_key8_layout L = kkv_key8_layout_of(D, G);
     for (int j = 0; j < D; j++) {
-        float mn = k[j], mx = k[j];
-        for (int t = 1; t < G; t++) {
-            float x = k[(size_t)t * D + j];
-            mn = x < mn ? x : mn;
-            mx = x > mx ? x : mx;
-        }
+        float mn, mx;
+        kkv_channel_range(k, D, G, j, &mn, &mx);
         kkv_qparams p = kkv_qparams_of(mn, mx, 8);
         kkv_st16(page + L.scale + 2 * (size_t)j, p.scale16);
         kkv_st16(page + L.mn + 2 * (size_t)j, p.mn16);

@@ -48,6 +48,17 @@ static inline uint8_t kkv_quant_code(float x, const kkv_qparams *p, int maxq) {
     return (uint8_t)(int)y; /* y >= 0: truncation is floor */
 }
 
+/* Min and max of channel j over the G tokens of k [G][D]. */
+static inline void kkv_channel_range(const float *k, int D, int G, int j, float *mn, float *mx) {
+    float lo = k[j], hi = k[j];
+    for (int t = 1; t < G; t++) {
+        float x = k[(size_t)t * D + j];
+        lo = x < lo ? x : lo;
+        hi = x > hi ? x : hi;
+    }
+    *mn = lo, *mx = hi;
+}
+
 /* Channel ranking for boost selection. order: [D] out, channels from most to
  * least important. k: [G][D] (fp16-exact floats). Ties go to the lower index. */
 void kkv_rank_channels(uint8_t *order, const float *k, int D, int G, kkv_select sel,

@@ -24,12 +24,8 @@ void kkv_score_channels(float *score, const float *k, int D, int G, kkv_select s
         /* (max - min)^2: boosting channel j cuts its min/max squared error by
          * that times (1/9 - 1/225)/12 for evenly spread data */
         for (int j = 0; j < D; j++) {
-            float mn = k[j], mx = k[j];
-            for (int t = 1; t < G; t++) {
-                float x = k[(size_t)t * D + j];
-                mn = x < mn ? x : mn;
-                mx = x > mx ? x : mx;
-            }
+            float mn, mx;
+            kkv_channel_range(k, D, G, j, &mn, &mx);
             score[j] = (mx - mn) * (mx - mn);
         }
     } else if (sel == KKV_SELECT_VARIANCE) {
