@@ -213,9 +213,10 @@ typedef struct kkv_method {
                               squared error instead of min/max                    */
     int        value_clip; /* 1: the same for each value token's range            */
     kkv_budget budget;     /* boost budget pooled over a layer's heads, or not    */
-    /* Fidelity study (stored fp16, counted fp16 by kkv_mem): round the sink's
-     * K and V / the window's values through int8, one fp16 absmax scale per
-     * token vector, as an 8-bit store would read them back. */
+    /* sink_int8: the sink's K and V are stored as int8 rows, one fp16 absmax
+     * scale per token vector (docs/FORMAT.md section 5; kkv_mem.sink_int8).
+     * window_int8, a fidelity study (stored and counted fp16): the window's
+     * values are rounded through the same int8 code before they are stored. */
     int        sink_int8;
     int        window_int8;
     /* Key code width: 2 (or 0, read as 2) is the page format above, whose
@@ -500,6 +501,8 @@ typedef struct kkv_mem {
                              once                                               */
     uint64_t used;        /* pool: bytes handed out, shared pages once (capacity
                              minus kkv_cache_free_bytes); sequence: = capacity  */
+    uint64_t sink_int8;   /* int8 sink rows (sink_int8): codes + fp16 scales; in
+                             total, after the fields above it                   */
 } kkv_mem;
 
 kkv_status kkv_seq_mem(const kkv_cache *c, kkv_mem *out, int seq);

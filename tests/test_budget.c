@@ -255,6 +255,39 @@ static void test_int8(void) {
             }
         CHECK(!over && moved > 0, "%s: %d elements beyond half a step, %d rounded", specs[si],
               over, moved);
+        if (si == 0) { /* sink8 is a store: int8 rows counted as such, saved and loaded */
+            kkv_cache *plain = make("kitty", 1), *back = make(specs[si], 1), *fp = make("kitty", 1);
+            int sp, sb;
+            kkv_seq_add(plain, &sp);
+            fill(plain, sp, k, v, 1);
+            kkv_mem m8, m16;
+            kkv_seq_mem(c, &m8, s);
+            kkv_seq_mem(plain, &m16, sp);
+            uint64_t rows = (uint64_t)L * H * 2 * 32; /* sink K and V rows */
+            CHECK(m8.sink_int8 == rows * (D + 2) && m16.sink_int8 == 0 &&
+                      m16.fp16 - m8.fp16 == rows * D * 2 &&
+                      m16.total - m8.total == rows * (D * 2 - (D + 2)),
+                  "sink8: %llu int8 sink bytes, fp16 %llu vs %llu",
+                  (unsigned long long)m8.sink_int8, (unsigned long long)m8.fp16,
+                  (unsigned long long)m16.fp16);
+            size_t n = 0;
+            kkv_seq_save(c, NULL, 0, &n, s, NULL);
+            uint8_t *buf = malloc(n);
+            CHECK(kkv_seq_save(c, buf, n, &n, s, NULL) == KKV_OK, "save: %s", kkv_last_error());
+            CHECK(kkv_seq_load(back, &sb, buf, n, 0, NULL, 0, NULL) == KKV_OK, "load: %s",
+                  kkv_last_error());
+            float *bk = malloc((size_t)T * D * sizeof *bk), *bv = malloc((size_t)T * D * sizeof *bv);
+            kkv_seq_read(back, bk, bv, sb, 0, 1);
+            CHECK(!memcmp(bk, rk, (size_t)T * D * sizeof *bk) && !memcmp(bv, rv, (size_t)T * D * sizeof *bv),
+                  "sink8: loaded rows differ");
+            CHECK(kkv_seq_load(fp, &sb, buf, n, 0, NULL, 0, NULL) == KKV_ERR_FORMAT,
+                  "an int8-sink state loaded into an fp16-sink cache");
+            buf[76 + 2] ^= 0x40; /* option bit 22 (docs/STATE_FORMAT.md): int8 rows */
+            CHECK(kkv_seq_load(back, &sb, buf, n, 0, NULL, 0, NULL) == KKV_ERR_FORMAT,
+                  "a state without the int8-row bit loaded into an int8-sink cache");
+            free(buf), free(bk), free(bv);
+            kkv_cache_free(plain), kkv_cache_free(back), kkv_cache_free(fp);
+        }
         kkv_cache_free(c);
     }
     free(k), free(v), free(rk), free(rv);

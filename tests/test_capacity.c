@@ -15,7 +15,7 @@ enum { L = 2, H = 2, D = 16, NQ = 4 };
 
 static kkv_method meth(const char *name, int small, int eager) {
     kkv_method m;
-    kkv_method_from_name(&m, name);
+    CHECK(kkv_method_parse(&m, name) == KKV_OK, "%s: %s", name, kkv_last_error());
     if (small && !m.fp16) m.sink = 5, m.group = 8, m.window = 12;
     if (small && m.fp16) m.group = 8;
     m.eager_values = eager;
@@ -178,8 +178,8 @@ static void test_fork_continue(const kkv_method *m, const char *what, int at) {
 static void test_fork_sink(const kkv_method *m, const char *what) {
     kkv_cache *c = mk(m, 32u << 20);
     if (!c) return;
-    int S = m->fp16 ? 0 : m->sink;
-    uint64_t sink = (uint64_t)L * H * 2 * S * D * 2; /* every layer's sink K and V */
+    int S = m->fp16 ? 0 : m->sink, i8 = !m->fp16 && m->sink_int8; /* int8 rows: D + 2 bytes */
+    uint64_t sink = (uint64_t)L * H * 2 * S * (i8 ? D + 2 : D * 2); /* every layer's K and V */
     int p = -1, ch = -1, young = -1, yc = -1;
     kkv_seq_add(c, &p);
     feed(c, p, 0, S + 3, NULL);
@@ -197,8 +197,10 @@ static void test_fork_sink(const kkv_method *m, const char *what) {
     CHECK(f0 - kkv_cache_free_bytes(c) == cm.capacity - cm.shared, "%s: the fork took %llu, owns "
           "%llu", what, (unsigned long long)(f0 - kkv_cache_free_bytes(c)),
           (unsigned long long)(cm.capacity - cm.shared));
-    CHECK(all.fp16 == pm1.fp16 + cm.fp16 - sink && all.used == pm0.capacity + cm.capacity - cm.shared,
-          "%s: pool-wide sum counts the shared sink %s", what, all.fp16 > pm1.fp16 + cm.fp16 - sink ?
+    uint64_t held = i8 ? all.sink_int8 : all.fp16, p1 = i8 ? pm1.sink_int8 : pm1.fp16,
+             c1 = i8 ? cm.sink_int8 : cm.fp16;
+    CHECK(held == p1 + c1 - sink && all.used == pm0.capacity + cm.capacity - cm.shared,
+          "%s: pool-wide sum counts the shared sink %s", what, held > p1 + c1 - sink ?
           "twice" : "wrong");
     /* inside the sink: copied, nothing shared, and both grow their own */
     kkv_seq_add(c, &young);
@@ -322,8 +324,8 @@ static void tree_free(const int *order, void *u) {
 }
 
 static void test_fork(void) {
-    const char *names[] = {"kitty", "fp16", "kivi-k4v4", "kivi-k8v8"};
-    for (int mi = 0; mi < 4; mi++)
+    const char *names[] = {"kitty", "fp16", "kivi-k4v4", "kivi-k8v8", "kitty:sink8=1"};
+    for (int mi = 0; mi < 5; mi++)
         for (int eager = 0; eager < 2; eager++) {
             kkv_method m = meth(names[mi], 1, eager);
             kkv_method big = meth(names[mi], 0, eager);
@@ -618,8 +620,8 @@ int main(void) {
     }
     test_eager();
     test_fork();
-    const char *rel[] = {"kitty", "fp16", "kivi-k2v4s", "kivi-k8v8"};
-    for (int mi = 0; mi < 4; mi++)
+    const char *rel[] = {"kitty", "fp16", "kivi-k2v4s", "kivi-k8v8", "kitty:sink8=1"};
+    for (int mi = 0; mi < 5; mi++)
         for (int eager = 0; eager < 2; eager++) {
             kkv_method m = meth(rel[mi], 1, eager), big = meth(rel[mi], 0, eager);
             test_release(&m, rel[mi], 70, 1);
@@ -627,8 +629,9 @@ int main(void) {
             test_invariance(&m, rel[mi]);
             test_invariance(&big, rel[mi]);
         }
-    const char *names[] = {"kitty", "kitty-pro", "fp16", "kivi-k2v4s", "kivi-k8v8"};
-    for (int mi = 0; mi < 5; mi++)
+    const char *names[] = {"kitty", "kitty-pro", "fp16", "kivi-k2v4s", "kivi-k8v8",
+                           "kitty:sink8=1"};
+    for (int mi = 0; mi < 6; mi++)
         for (int eager = 0; eager < 2; eager++) {
             kkv_method m = meth(names[mi], 1, eager);
             test_state(&m, names[mi], 61, mi == 0);

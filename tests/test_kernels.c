@@ -833,11 +833,68 @@ static void test_page8(tu_rng *r) {
             }
             free(x16), free(x), free(dec), free(vdec), free(kp), free(vp);
         }
+    /* int8 sink rows: codes within half a step of the fp16-rounded input (or
+     * clamped at 127 steps where the fp16 scale rounded down), kernels equal
+     * double sums over the decoded rows */
+    for (int di = 0; di < NELEM(Ds); di++) {
+        int D = Ds[di], n = 37;
+        size_t rb = (size_t)D + 2;
+        uint16_t *x16 = xmalloc((size_t)n * D * sizeof *x16);
+        float *x = xmalloc((size_t)n * D * sizeof *x), *dec = xmalloc((size_t)n * D * sizeof *dec);
+        uint8_t *rows = xmalloc((size_t)n * rb);
+        rand_f16(r, x16, n * D, D, 1.0f + (float)di);
+        for (int i = 0; i < n * D; i++) x[i] = kkv_f16_to_f32(x16[i]);
+        for (int j = 0; j < D; j++) x[j] = 0.0f; /* an all-zero row: scale 0, codes 0 */
+        for (int t = 0; t < n; t++) {
+            kkv_row8_encode(rows + t * rb, x + (size_t)t * D, D);
+            kkv_row8_decode(dec + (size_t)t * D, rows + t * rb, D);
+            double amax = 0.0, sc = kkv_f16_to_f32(kkv_ld16(rows + t * rb + D));
+            for (int j = 0; j < D; j++) amax = fmax(amax, fabs(x[(size_t)t * D + j]));
+            double bound = 0.5 * sc + fmax(0.0, amax - 127.0 * sc) + 1e-6 * amax;
+            for (int j = 0; j < D; j++) {
+                double e = fabs((double)dec[(size_t)t * D + j] - x[(size_t)t * D + j]);
+                worst_code = fmax(worst_code, bound > 0 ? e / bound : e);
+                CHECK(e <= bound, "int8 row D %d t %d: element off by %g > %g", D, t, e, bound);
+            }
+        }
+        for (int ri = 0; ri < NELEM(REPS); ri++) {
+            int R = REPS[ri];
+            float *q = xmalloc((size_t)R * D * sizeof *q), *sc = xmalloc((size_t)R * n * sizeof *sc);
+            float *p = xmalloc((size_t)R * n * sizeof *p), *acc = xmalloc((size_t)R * D * sizeof *acc);
+            rand_f32(r, q, R * D);
+            for (int i = 0; i < R * n; i++) p[i] = fabsf(tu_normal(r));
+            memset(acc, 0, (size_t)R * D * sizeof *acc);
+            kkv_qk_rows8(sc, q, R, rows, n, D);
+            kkv_pv_rows8(acc, p, R, rows, n, D);
+            for (int rr = 0; rr < R; rr++) {
+                for (int t = 0; t < n; t++) {
+                    double ref = 0, mag = 0;
+                    for (int j = 0; j < D; j++) {
+                        double term = (double)q[rr * D + j] * dec[(size_t)t * D + j];
+                        ref += term, mag += fabs(term);
+                    }
+                    CHECK(close_to(sc[rr * n + t], (float)ref, mag, &st), "qk_rows8 D %d: %g vs %g",
+                          D, sc[rr * n + t], ref);
+                }
+                for (int j = 0; j < D; j++) {
+                    double ref = 0, mag = 0;
+                    for (int t = 0; t < n; t++) {
+                        double term = (double)p[rr * n + t] * dec[(size_t)t * D + j];
+                        ref += term, mag += fabs(term);
+                    }
+                    CHECK(close_to(acc[rr * D + j], (float)ref, mag, &st), "pv_rows8 D %d: %g vs %g",
+                          D, acc[rr * D + j], ref);
+                }
+            }
+            free(q), free(sc), free(p), free(acc);
+        }
+        free(x16), free(x), free(dec), free(rows);
+    }
     CHECK(kkv_key8_page_encode(NULL, NULL, 64, 128) == KKV_ERR_INVALID_ARG, "key8: NULL accepted");
     CHECK(kkv_key8_page_bytes(64, 128) == 64 * 128 + 4 * 64, "key8: page bytes");
     CHECK(kkv_value_page_bytes(64, 128, 8) == 64 * 128 + 4 * 128, "value8: page bytes");
     CHECK(kkv_value_page_bytes(64, 128, 6) == 0, "value page of 6 bits has a size");
-    printf("kernel page8: worst error %.3g of magnitude (tolerance %g), codec %.3g of its bound\n",
+    printf("kernel page8 / int8 rows: worst error %.3g of magnitude (tolerance %g), codec %.3g of its bound\n",
            st.worst, TOL_PRIM, worst_code);
 }
 

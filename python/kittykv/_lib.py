@@ -108,6 +108,7 @@ MEM_FIELDS = ["key_lo", "key_hi", "key_idx", "key_meta", "value_codes", "value_m
 
 
 MEM_EXTRA = ["shared", "used"] if HAS_FORK else []  # uint64s after bits_per_element
+MEM_EXTRA += ["sink_int8"] if HAS_KEY8 else []  # int8 sink rows, part of total
 
 
 class Mem(Structure):  # kkv_mem

@@ -218,14 +218,20 @@ def quantize(keys, values=None, method="kitty"):
         info = c.info(seq, 0)
     b = {f: int(getattr(mem, f)) for f in ("key_lo", "key_hi", "key_idx", "key_meta",
                                            "value_codes", "value_meta", "fp16", "total")}
+    if hasattr(mem, "sink_int8"):
+        b["sink_int8"] = int(mem.sink_int8)
     if v is None:
         # keys alone: drop value pages and the fp16 values from the figures
-        fp16_keys = (info["sink"] + info["key_buffer"]) * D * 2
+        sink8 = bool(getattr(mm, "sink_int8", 0)) and not m.fp16  # int8 sink rows
+        fp16_keys = ((0 if sink8 else info["sink"]) + info["key_buffer"]) * D * 2
         if m.fp16:
             fp16_keys += info["key_pages"] * mm.group * D * 2
         b["fp16"] = fp16_keys
         b["value_codes"] = b["value_meta"] = 0
-        b["total"] = b["key_lo"] + b["key_hi"] + b["key_idx"] + b["key_meta"] + b["fp16"]
+        if "sink_int8" in b:
+            b["sink_int8"] = info["sink"] * (D + 2) if sink8 else 0
+        b["total"] = b["key_lo"] + b["key_hi"] + b["key_idx"] + b["key_meta"] + b["fp16"] + \
+            b.get("sink_int8", 0)
     elems = float(T * D * (2 if v is not None else 1))
     return Quantized(keys=ko, values=vo, bytes=b, bits_per_element=8.0 * b["total"] / elems,
                      n_boost=m.boost(D), method=m)

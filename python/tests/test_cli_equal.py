@@ -33,6 +33,8 @@ QUANT_CASES = [
     (["--method", "kitty", "--select", "random", "--seed", "7", "--group", "32",
       "--sink", "4", "--window", "16"], "kitty:select=random:seed=7:group=32:sink=4:window=16"),
     (["--kv", "kivi-k2v4s:group=16:window=8"], "kivi-k2v4s:group=16:window=8"),
+    (["--kv", "kitty:sink8=1"], "kitty:sink8=1"),  # int8 sink rows
+    (["--kv", "kivi-k8v8:group=32"], "kivi-k8v8:group=32"),  # 8-bit pages
 ]
 
 

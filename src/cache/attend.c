@@ -21,6 +21,8 @@
 typedef struct block {
     int             n;
     const uint16_t *k16;   /* [n][D] fp16 keys, or NULL */
+    const uint8_t  *k8;    /* [n][D + 2] int8 sink rows (sink_int8), or NULL */
+    const uint8_t  *v8;    /* their values, the same */
     const uint8_t  *kpage; /* quantized key page (n == G), or NULL */
     int             knb;   /* its boosted channels (budget=head|err: per page) */
     const uint16_t *v16;   /* [n - nq][D] fp16 values, or NULL */
@@ -88,7 +90,8 @@ static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, c
     int D = c->D, n = b->n, m = n - skip;
     /* fp16 streams: the values are prefetched while the keys are scored, the
      * next page's keys (next_k, n rows) while the values are summed */
-    if (b->kpage && c->kbits == 8) kkv_qk_page8(sc, q, n_rep, b->kpage, D, c->G);
+    if (b->k8) kkv_qk_rows8(sc, q, n_rep, b->k8, n, D);
+    else if (b->kpage && c->kbits == 8) kkv_qk_page8(sc, q, n_rep, b->kpage, D, c->G);
     else if (b->kpage) ops->qk_page(sc, q, n_rep, b->kpage, D, c->G, b->knb);
     else ops->qk_f16(sc, q, n_rep, b->k16, n, D, b->vsplit || b->vpage ? NULL : b->v16);
     if (skip) { /* rows [n_rep][n] -> [n_rep][m] in place (destinations never pass sources) */
@@ -103,7 +106,8 @@ static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, c
         }
     }
     /* sc now holds the unnormalised probabilities, [n_rep][n] */
-    if (b->vsplit) pv_split(c, acc, sc, n_rep, b);
+    if (b->v8) kkv_pv_rows8(acc, sc, n_rep, b->v8, n, D);
+    else if (b->vsplit) pv_split(c, acc, sc, n_rep, b);
     else if (b->vpage && c->vbits == 8) kkv_pv_page8(acc, sc, n_rep, b->vpage, D, c->G);
     else if (b->vpage) ops->pv_page(acc, sc, n_rep, b->vpage, D, c->G, c->vbits);
     else ops->pv_f16(acc, sc, n_rep, b->v16, n, D, next_k);
@@ -173,11 +177,17 @@ static void run_task(void *arg, int task) {
         ml[2 * r + 1] = 0.0f;
     }
     block b;
+    b.k8 = b.v8 = NULL; /* only sink rows are int8 */
     if (U->kind == 0) { /* sink, in runs of at most G */
         for (int t = U->first; t < U->first + U->count; t += G) {
             b.n = U->first + U->count - t < G ? U->first + U->count - t : G;
-            b.k16 = kkv_sink_k(c, J->s, J->layer, h) + (size_t)t * D;
-            b.v16 = kkv_sink_v(c, J->s, J->layer, h) + (size_t)t * D;
+            const uint16_t *sk = kkv_sink_k(c, J->s, J->layer, h) + (size_t)t * c->srow;
+            const uint16_t *sv = kkv_sink_v(c, J->s, J->layer, h) + (size_t)t * c->srow;
+            int i8 = c->srow != D;
+            b.k16 = i8 ? NULL : sk;
+            b.v16 = i8 ? NULL : sv;
+            b.k8 = i8 ? (const uint8_t *)(const void *)sk : NULL;
+            b.v8 = i8 ? (const uint8_t *)(const void *)sv : NULL;
             b.kpage = b.vpage = b.vsplit = NULL;
             b.nq = 0;
             attend_block(c, acc, ml, sc, q, J->n_rep, &b, 0, NULL); /* the unit starts in the window */

@@ -52,6 +52,7 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
     c->nb = kkv_method_boost(m, c->D);
     c->vbits = m->value_bits;
     c->kbits = !c->fp16 && m->key_bits == 8 ? 8 : 2;
+    c->srow = !c->fp16 && m->sink_int8 ? c->D / 2 + 1 : c->D;
     if (c->fp16) {
         c->kpage = c->vpage = (size_t)c->G * c->D * 2;
     } else {
@@ -464,8 +465,9 @@ static kkv_status stage_resize(const kkv_cache *c, kkv_lseq *y, const kkv_counts
         }
         for (int h = 0; h < c->H && n->sink; h++)
             for (int r = 0; r < 2; r++)
-                memcpy(sk->data + ((size_t)h * 2 + r) * k.cs * D,
-                       y->sk->data + ((size_t)h * 2 + r) * y->cs * D, (size_t)n->sink * D * 2);
+                memcpy(sk->data + ((size_t)h * 2 + r) * k.cs * c->srow,
+                       y->sk->data + ((size_t)h * 2 + r) * y->cs * c->srow,
+                       (size_t)n->sink * c->srow * 2);
         free(y->sk); /* growing: the block is this sequence's alone */
         y->sk = sk;
         y->cs = k.cs;
@@ -685,7 +687,7 @@ static void store_f16(uint16_t *dst, const float *x, int n) {
     for (int i = 0; i < n; i++) dst[i] = kkv_f16_store(x[i]);
 }
 
-/* sink8/win8 fidelity study: y [n] = x read back from int8 codes with one
+/* win8 fidelity study: y [n] = x read back from int8 codes with one
  * fp16 absmax scale (q = round(x / scale) in -127..127). The caller stores y
  * in fp16, whose rounding (2^-11 relative) is far below the int8 step. */
 static const float *int8_round(float *y, const float *x, int n) {
@@ -903,14 +905,14 @@ kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const fl
     const kkv_method *m = &c->cfg.method;
     for (int h = 0; h < c->H; h++) {
         const float *kh = k + (size_t)h * c->D, *vh = v + (size_t)h * c->D;
-        float k8[KKV_MAX_HEAD_DIM], v8[KKV_MAX_HEAD_DIM]; /* [D] int8-rounded */
-        if (cnt.len < c->S && m->sink_int8) {
-            kh = int8_round(k8, kh, c->D);
-            vh = int8_round(v8, vh, c->D);
-        } else if (cnt.len >= c->S && m->window_int8) {
-            vh = int8_round(v8, vh, c->D);
-        }
-        if (cnt.len < c->S) {
+        float v8[KKV_MAX_HEAD_DIM]; /* [D] int8-rounded (win8) */
+        if (cnt.len >= c->S && m->window_int8) vh = int8_round(v8, vh, c->D);
+        if (cnt.len < c->S && c->srow != c->D) { /* int8 sink rows */
+            kkv_row8_encode((uint8_t *)(kkv_sink_k(c, s, layer, h) + (size_t)cnt.len * c->srow),
+                            kh, c->D);
+            kkv_row8_encode((uint8_t *)(kkv_sink_v(c, s, layer, h) + (size_t)cnt.len * c->srow),
+                            vh, c->D);
+        } else if (cnt.len < c->S) {
             store_f16(kkv_sink_k(c, s, layer, h) + (size_t)cnt.len * c->D, kh, c->D);
             store_f16(kkv_sink_v(c, s, layer, h) + (size_t)cnt.len * c->D, vh, c->D);
         } else {

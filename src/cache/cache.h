@@ -52,7 +52,7 @@ typedef struct kkv_lseq {
  * (cs == S) and read-only. Its bytes are in kkv_cache.used while it lives. */
 typedef struct kkv_sink {
     uint32_t ref, pad[3];  /* pad: data keeps malloc's 16-byte alignment */
-    uint16_t data[];       /* [H][2cs][D] fp16: sink K, then sink V, per head */
+    uint16_t data[];       /* [H][2cs][srow]: sink K, then sink V, per head */
 } kkv_sink;
 
 typedef struct kkv_seq {
@@ -72,6 +72,8 @@ struct kkv_cache {
     kkv_cache_config cfg;
     int L, H, D, G, S, R, nb, vbits, fp16, eager;
     int kbits;              /* 2 (the boosted format) or 8 (8-bit key pages) */
+    int srow;               /* uint16 units of one sink row: D fp16, or with sink_int8
+                               D/2 + 1 (D int8 codes, then the row's fp16 scale) */
     int   *win;             /* [L] window of each layer (0 = all); cfg.layer_window points here, or NULL */
     size_t kpage, vpage;    /* bytes of one key / value page of one head */
     size_t slot_bytes;      /* H * (kpage + vpage): one layer's page p */
@@ -108,16 +110,17 @@ struct kkv_cache {
     kkv_tp   *tp_own;       /* owned; NULL when n_threads <= 1 */
 };
 
-/* The fp16 staging of (layer, head): sink K [cs][D] and sink V [cs][D] in
- * the sink block, key tail [ck][D] and value tail [cv][D] in the stage. NULL
- * where the layer has no such buffer. */
+/* The staging of (layer, head): sink K [cs][srow] and sink V [cs][srow] in
+ * the sink block (fp16 rows, or int8 rows with sink_int8), key tail [ck][D]
+ * and value tail [cv][D] fp16 in the stage. NULL where the layer has no such
+ * buffer. */
 static inline uint16_t *kkv_sink_k(const kkv_cache *c, const kkv_seq *s, int l, int h) {
     const kkv_lseq *y = &s->ly[l];
-    return y->sk ? y->sk->data + (size_t)h * 2 * (size_t)y->cs * c->D : NULL;
+    return y->sk ? y->sk->data + (size_t)h * 2 * (size_t)y->cs * c->srow : NULL;
 }
 static inline uint16_t *kkv_sink_v(const kkv_cache *c, const kkv_seq *s, int l, int h) {
     const kkv_lseq *y = &s->ly[l];
-    return y->sk ? y->sk->data + ((size_t)h * 2 + 1) * (size_t)y->cs * c->D : NULL;
+    return y->sk ? y->sk->data + ((size_t)h * 2 + 1) * (size_t)y->cs * c->srow : NULL;
 }
 static inline uint16_t *kkv_ktail(const kkv_cache *c, const kkv_seq *s, int l, int h) {
     const kkv_lseq *y = &s->ly[l];
@@ -234,7 +237,8 @@ void       kkv_seq_trim(kkv_cache *c, kkv_seq *s);
 
 /* Staging bytes of one layer with capacities (cs, ck, cv): sink and tails. */
 static inline uint64_t kkv_stage_bytes(const kkv_cache *c, int cs, int ck, int cv) {
-    return (uint64_t)c->H * c->D * 2 * (uint64_t)(2 * cs + ck + cv);
+    return (uint64_t)c->H * 2 *
+           ((uint64_t)2 * cs * (uint64_t)c->srow + (uint64_t)(ck + cv) * (uint64_t)c->D);
 }
 /* Bytes of a sink block of capacity cs (the header is bookkeeping, like a
  * page table, and not counted). */

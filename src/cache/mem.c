@@ -63,6 +63,10 @@ static void add_seq(const kkv_cache *c, const kkv_seq *s, kkv_mem *m, uint64_t *
                 sinks += kkv_sink_bytes(c, y->cs);
             }
         }
+        if (c->srow != c->D) { /* int8 sink rows: D codes and a scale each */
+            m->sink_int8 += sink16 * H * (uint64_t)c->srow * 2;
+            sink16 = 0;
+        }
         uint64_t held16 = sink16 + (uint64_t)n.ktail + (uint64_t)n.vtail;
         if (c->fp16) {
             m->fp16 += (kp + vp) * G * D * 2 + vpart * H * D * 2;
@@ -90,7 +94,7 @@ static void add_seq(const kkv_cache *c, const kkv_seq *s, kkv_mem *m, uint64_t *
 
 static void finish(kkv_mem *m, uint64_t elems) {
     m->total = m->key_lo + m->key_hi + m->key_idx + m->key_meta + m->value_codes +
-               m->value_meta + m->fp16;
+               m->value_meta + m->fp16 + m->sink_int8;
     m->bits_per_element = elems ? 8.0 * (double)m->total / (double)elems : 0.0;
 }
 

@@ -11,6 +11,16 @@ static void widen_rows(float *dst, const uint16_t *src, int n, int D) {
     for (size_t i = 0; i < (size_t)n * D; i++) dst[i] = kkv_f16_to_f32(src[i]);
 }
 
+/* The sink's n rows as floats: fp16 rows, or int8 rows with sink_int8. */
+static void sink_rows(const kkv_cache *c, float *dst, const uint16_t *src, int n) {
+    if (c->srow == c->D) {
+        widen_rows(dst, src, n, c->D);
+        return;
+    }
+    for (int t = 0; t < n; t++)
+        kkv_row8_decode(dst + (size_t)t * c->D, (const uint8_t *)(src + (size_t)t * c->srow), c->D);
+}
+
 kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int layer, int head) {
     if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "seq_read: NULL cache");
     const kkv_seq *s = kkv_seq_get(c, seq);
@@ -23,7 +33,7 @@ kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int lay
     /* tokens a windowed layer released read as zeros */
     if (k) {
         float *o = k;
-        if (n.sink_held) widen_rows(o, kkv_sink_k(c, s, layer, head), n.sink, D);
+        if (n.sink_held) sink_rows(c, o, kkv_sink_k(c, s, layer, head), n.sink);
         else memset(o, 0, (size_t)n.sink * row * sizeof *o);
         o += n.sink * row;
         for (int p = 0; p < n.kp; p++, o += (size_t)G * row) {
@@ -41,7 +51,7 @@ kkv_status kkv_seq_read(const kkv_cache *c, float *k, float *v, int seq, int lay
     }
     if (v) {
         float *o = v;
-        if (n.sink_held) widen_rows(o, kkv_sink_v(c, s, layer, head), n.sink, D);
+        if (n.sink_held) sink_rows(c, o, kkv_sink_v(c, s, layer, head), n.sink);
         else memset(o, 0, (size_t)n.sink * row * sizeof *o);
         o += n.sink * row;
         for (int p = 0; p < n.vp; p++, o += (size_t)G * row) {

@@ -66,6 +66,10 @@ typedef struct kkv_ops {
  * 8-bit key page, acc [n_rep][D] += p [n_rep][G] x an 8-bit value page. */
 void kkv_qk_page8(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G);
 void kkv_pv_page8(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G);
+/* int8 sink rows (rows [n][D + 2] bytes, FORMAT.md section 5): s [n_rep][n],
+ * acc [n_rep][D] += p [n_rep][n] x the rows. */
+void kkv_qk_rows8(float *s, const float *q, int n_rep, const uint8_t *rows, int n, int D);
+void kkv_pv_rows8(float *acc, const float *p, int n_rep, const uint8_t *rows, int n, int D);
 
 /* The table of a kernel kind; NULL if this CPU/build lacks it. */
 const kkv_ops *kkv_ops_get(kkv_kernel k);

@@ -107,6 +107,11 @@ void kkv_value_row_encode_clip_ref(uint8_t *page, int t, const float *x, int D, 
                                    int clip);
 void kkv_value_row_decode_ref(float *x, const uint8_t *page, int t, int D, int G, int bits);
 
+/* int8 sink rows (row8.c): row [D + 2] bytes = D int8 codes, then the fp16
+ * scale amax / 127 of the fp16-rounded x [D]; x' = code * scale. */
+void kkv_row8_encode(uint8_t *row, const float *x, int D);
+void kkv_row8_decode(float *x, const uint8_t *row, int D);
+
 /* Little-endian fp16 load/store at any alignment. */
 static inline uint16_t kkv_ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static inline void kkv_st16(uint8_t *p, uint16_t v) {

@@ -270,7 +270,8 @@ def lifecycle(m, keys, values=None):
     G, R = m.group, m.window
     k16 = f16r(keys)
     v16 = f16r(values) if values is not None else None
-    b = dict(key_lo=0, key_hi=0, key_idx=0, key_meta=0, value_codes=0, value_meta=0, fp16=0)
+    b = dict(key_lo=0, key_hi=0, key_idx=0, key_meta=0, value_codes=0, value_meta=0, fp16=0,
+             sink_int8=0)
     n_val = 0 if values is None else 1
     if m.fp16:
         b["fp16"] = T * D * 2 * (1 + n_val)

@@ -198,11 +198,14 @@ int cmd_quantize(int argc, char **argv) {
         /* keys alone: drop value pages and the fp16 values from the figures */
         kkv_seq_info n;
         kkv_seq_get_info(c, &n, seq, 0);
-        uint64_t fp16_keys = (uint64_t)(n.sink + n.key_buffer) * D * 2;
+        int sink8 = !m.fp16 && m.sink_int8; /* int8 sink rows: D codes + a scale */
+        uint64_t fp16_keys = (uint64_t)((sink8 ? 0 : n.sink) + n.key_buffer) * D * 2;
         if (m.fp16) fp16_keys += (uint64_t)n.key_pages * m.group * D * 2;
         mem.fp16 = fp16_keys;
+        mem.sink_int8 = sink8 ? (uint64_t)n.sink * (D + 2) : 0;
         mem.value_codes = mem.value_meta = 0;
-        mem.total = mem.key_lo + mem.key_hi + mem.key_idx + mem.key_meta + mem.fp16;
+        mem.total = mem.key_lo + mem.key_hi + mem.key_idx + mem.key_meta + mem.fp16 +
+                    mem.sink_int8;
     }
     double elems = (double)T * D * (values ? 2 : 1);
     double bpe = 8.0 * (double)mem.total / elems;
@@ -233,6 +236,7 @@ int cmd_quantize(int argc, char **argv) {
             printf("%-12s %12llu\n", "value_meta", (unsigned long long)mem.value_meta);
         }
         printf("%-12s %12llu\n", "fp16", (unsigned long long)mem.fp16);
+        if (mem.sink_int8) printf("%-12s %12llu\n", "sink_int8", (unsigned long long)mem.sink_int8);
         printf("%-12s %12llu\n", "total", (unsigned long long)mem.total);
         printf("bits/element %.4f   key rel err %.5f", bpe, kerr);
         if (values) printf("   value rel err %.5f", verr);
@@ -242,13 +246,14 @@ int cmd_quantize(int argc, char **argv) {
         cli_json_str(stdout, method_name);
         printf(",\"tokens\":%ld,\"head_dim\":%d,\"alpha\":%.6g,\"n_boost\":%d,\"values\":%s,"
                "\"bytes\":{\"key_lo\":%llu,\"key_hi\":%llu,\"key_idx\":%llu,\"key_meta\":%llu,"
-               "\"value_codes\":%llu,\"value_meta\":%llu,\"fp16\":%llu,\"total\":%llu},"
-               "\"bits_per_element\":%.6f,\"key_rel_err\":%.8g,\"value_rel_err\":",
+               "\"value_codes\":%llu,\"value_meta\":%llu,\"fp16\":%llu,\"sink_int8\":%llu,"
+               "\"total\":%llu},\"bits_per_element\":%.6f,\"key_rel_err\":%.8g,\"value_rel_err\":",
                T, D, (double)m.alpha, kkv_method_boost(&m, D), values ? "true" : "false",
                (unsigned long long)mem.key_lo, (unsigned long long)mem.key_hi,
                (unsigned long long)mem.key_idx, (unsigned long long)mem.key_meta,
                (unsigned long long)mem.value_codes, (unsigned long long)mem.value_meta,
-               (unsigned long long)mem.fp16, (unsigned long long)mem.total, bpe, kerr);
+               (unsigned long long)mem.fp16, (unsigned long long)mem.sink_int8,
+               (unsigned long long)mem.total, bpe, kerr);
         if (values) printf("%.8g}\n", verr);
         else printf("null}\n");
     }

@@ -461,10 +461,10 @@ static enum MHD_Result metrics(struct MHD_Connection *c, srv *s) {
     P("# HELP kittykv_kv_stored_bytes Bytes stored in the KV cache, by component.\n"
       "# TYPE kittykv_kv_stored_bytes gauge\n");
     const char *comp[] = {"key_lo", "key_hi", "key_idx", "key_meta", "value_codes",
-                          "value_meta", "fp16"};
+                          "value_meta", "fp16", "sink_int8"};
     const uint64_t val[] = {m.mem.key_lo, m.mem.key_hi, m.mem.key_idx, m.mem.key_meta,
-                            m.mem.value_codes, m.mem.value_meta, m.mem.fp16};
-    for (int i = 0; i < 7; i++)
+                            m.mem.value_codes, m.mem.value_meta, m.mem.fp16, m.mem.sink_int8};
+    for (int i = 0; i < 8; i++)
         P("kittykv_kv_stored_bytes{component=\"%s\"} %llu\n", comp[i],
           (unsigned long long)val[i]);
     P("# HELP kittykv_prefix_cache_bytes Pool bytes held by prefix-cache entries (pages "
