@@ -284,6 +284,11 @@ int kkv_method_boost(const kkv_method *m, int head_dim);
 size_t kkv_key_page_bytes(int head_dim, int group, int n_boost);
 size_t kkv_key8_page_bytes(int head_dim, int group);
 size_t kkv_value_page_bytes(int head_dim, int group, int bits);
+/* Bytes of one key page of method m (its group as G) with n_boost boosted
+ * channels: kkv_key_page_bytes(), or kkv_key8_page_bytes() with key_bits 8,
+ * or G * D fp16 for the fp16 method (n_boost is ignored by the last two).
+ * 0 for NULL or a shape the formats do not define. */
+size_t kkv_method_key_page_bytes(const kkv_method *m, int head_dim, int n_boost);
 
 /* Quantizes G keys of one head into one key page.
  * dst: kkv_key_page_bytes() bytes. k: [G][D]. rank: [D] channel ranking, used

@@ -431,8 +431,7 @@ static void test_release(const kkv_method *m, const char *what, int T, int every
      * than the G fp16 keys per head it frees (not so for 8-bit pages); fp16's
      * pages take what its tails held, so it never falls */
     int S = m->fp16 ? 0 : m->sink, R = m->fp16 ? 0 : m->window, G = m->group;
-    size_t kpage = m->key_bits == 8 ? kkv_key8_page_bytes(D, G)
-                                    : kkv_key_page_bytes(D, G, kkv_method_boost(m, D));
+    size_t kpage = kkv_method_key_page_bytes(m, D, kkv_method_boost(m, D));
     int key_drop = kpage + kkv_value_page_bytes(D, G, m->value_bits) < (size_t)2 * G * D;
     int flushes = m->eager_values ? (key_drop ? (T - S) / G : 0)
                                   : T - S > R ? (T - S - R) / G : 0;

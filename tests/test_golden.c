@@ -101,17 +101,14 @@ static void run_case(const gcase *g, kkv_kernel kern, int threads, uint64_t h[3]
     }
     kkv_method_check(&m, g->D);
     /* a pooled budget gives each page its own n_boost: hash each page at its size */
-    size_t kb = m.fp16 ? (size_t)m.group * g->D * 2
-              : m.key_bits == 8 ? kkv_key8_page_bytes(g->D, m.group)
-                                : kkv_key_page_bytes(g->D, m.group, g->D);
+    size_t kb = kkv_method_key_page_bytes(&m, g->D, g->D);
     uint8_t *pg = malloc(kb);
     float *rk = malloc((size_t)g->T * g->D * sizeof *rk), *rv = malloc((size_t)g->T * g->D * sizeof *rv);
     for (int l = 0; l < g->L; l++)
         for (int hh = 0; hh < g->H; hh++) {
             for (int p = 0; kkv_seq_key_page(c, pg, kb, seq, l, hh, p) == KKV_OK; p++)
-                h[1] = fnv(h[1], pg, m.fp16 || m.key_bits == 8
-                                         ? kb : kkv_key_page_bytes(g->D, m.group,
-                                                    kkv_seq_key_page_boost(c, seq, l, hh, p)));
+                h[1] = fnv(h[1], pg, kkv_method_key_page_bytes(&m, g->D,
+                                         kkv_seq_key_page_boost(c, seq, l, hh, p)));
             CHECK(kkv_seq_read(c, rk, rv, seq, l, hh) == KKV_OK, "read");
             h[2] = fnv(h[2], rk, (size_t)g->T * g->D * sizeof *rk);
             h[2] = fnv(h[2], rv, (size_t)g->T * g->D * sizeof *rv);

@@ -515,14 +515,13 @@ static void test_end_to_end(int have_avx2, double *worst_ref, double *worst_k) {
                 /* pages written by the SIMD flush are the scalar flush's bytes */
                 if (!m->fp16) {
                     /* a pooled budget (kitty-plus-pro) sizes each page by its own n_boost */
-                    int key8 = m->key_bits == 8;
-                    size_t cap = key8 ? kkv_key8_page_bytes(D, G) : kkv_key_page_bytes(D, G, D);
+                    size_t cap = kkv_method_key_page_bytes(m, D, D);
                     uint8_t *pa = xmalloc(cap), *pb = xmalloc(cap);
                     int np = (n_max - S) / G, same = 1;
                     for (int p = 0; p < np; p++)
                         for (int h = 0; h < H; h++) {
                             int nba = kkv_seq_key_page_boost(c1, s1, 0, h, p);
-                            size_t kb = key8 ? cap : kkv_key_page_bytes(D, G, nba);
+                            size_t kb = kkv_method_key_page_bytes(m, D, nba);
                             same &= nba == kkv_seq_key_page_boost(cs, s3, 0, h, p);
                             same &= kkv_seq_key_page(c1, pa, cap, s1, 0, h, p) == KKV_OK;
                             same &= kkv_seq_key_page(cs, pb, cap, s3, 0, h, p) == KKV_OK;
@@ -752,6 +751,37 @@ static void test_dispatch(void) {
     if (cap && strcmp(cap, "avx512vnni") == 0) CHECK(!cpu->vbmi, "KKV_CPU=avx512vnni leaves VBMI out");
 }
 
+/* Scores s [R][n] of queries q [R][D] against decoded keys k [n][D], and
+ * outputs acc [R][D] = acc0 + p [R][n] x decoded values v [n][D] (acc0 NULL:
+ * from 0), against double sums, each to TOL_PRIM of its magnitude. */
+static void check_qk_ref(const char *what, int D, const float *s, const float *q, const float *k,
+                         int R, int n, cmp_stats *st) {
+    for (int rr = 0; rr < R; rr++)
+        for (int t = 0; t < n; t++) {
+            double ref = 0, mag = 0;
+            for (int j = 0; j < D; j++) {
+                double term = (double)q[rr * D + j] * k[(size_t)t * D + j];
+                ref += term, mag += fabs(term);
+            }
+            CHECK(close_to(s[rr * n + t], (float)ref, mag, st), "%s D %d n %d n_rep %d: %g vs %g",
+                  what, D, n, R, s[rr * n + t], ref);
+        }
+}
+
+static void check_pv_ref(const char *what, int D, const float *acc, const float *acc0,
+                         const float *p, const float *v, int R, int n, cmp_stats *st) {
+    for (int rr = 0; rr < R; rr++)
+        for (int j = 0; j < D; j++) {
+            double ref = acc0 ? acc0[rr * D + j] : 0.0, mag = fabs(ref);
+            for (int t = 0; t < n; t++) {
+                double term = (double)p[rr * n + t] * v[(size_t)t * D + j];
+                ref += term, mag += fabs(term);
+            }
+            CHECK(close_to(acc[rr * D + j], (float)ref, mag, st), "%s D %d n %d n_rep %d: %g vs %g",
+                  what, D, n, R, acc[rr * D + j], ref);
+        }
+}
+
 /* 8-bit pages (attn_page8.c, one implementation for every table): the codec
  * reconstructs each element to half a step of its stored parameters (plus
  * what the fp16 rounding of min and scale moves the ends of the range by,
@@ -804,32 +834,15 @@ static void test_page8(tu_rng *r) {
                 int R = REPS[ri];
                 float *q = xmalloc((size_t)R * D * sizeof *q), *sc = xmalloc((size_t)R * G * sizeof *sc);
                 float *p = xmalloc((size_t)R * G * sizeof *p), *acc = xmalloc((size_t)R * D * sizeof *acc);
+                float *acc0 = xmalloc((size_t)R * D * sizeof *acc0);
                 rand_f32(r, q, R * D);
                 for (int i = 0; i < R * G; i++) p[i] = fabsf(tu_normal(r));
-                for (int i = 0; i < R * D; i++) acc[i] = (float)i * 0.01f; /* accumulates */
+                for (int i = 0; i < R * D; i++) acc[i] = acc0[i] = (float)i * 0.01f; /* accumulates */
                 kkv_qk_page8(sc, q, R, kp, D, G);
                 kkv_pv_page8(acc, p, R, vp, D, G);
-                for (int rr = 0; rr < R; rr++) {
-                    for (int t = 0; t < G; t++) {
-                        double ref = 0, mag = 0;
-                        for (int j = 0; j < D; j++) {
-                            double term = (double)q[rr * D + j] * dec[(size_t)t * D + j];
-                            ref += term, mag += fabs(term);
-                        }
-                        CHECK(close_to(sc[rr * G + t], (float)ref, mag, &st),
-                              "qk_page8 D %d G %d n_rep %d: %g vs %g", D, G, R, sc[rr * G + t], ref);
-                    }
-                    for (int j = 0; j < D; j++) {
-                        double ref = (double)((float)(rr * D + j) * 0.01f), mag = fabs(ref);
-                        for (int t = 0; t < G; t++) {
-                            double term = (double)p[rr * G + t] * vdec[(size_t)t * D + j];
-                            ref += term, mag += fabs(term);
-                        }
-                        CHECK(close_to(acc[rr * D + j], (float)ref, mag, &st),
-                              "pv_page8 D %d G %d n_rep %d: %g vs %g", D, G, R, acc[rr * D + j], ref);
-                    }
-                }
-                free(q), free(sc), free(p), free(acc);
+                check_qk_ref("qk_page8", D, sc, q, dec, R, G, &st);
+                check_pv_ref("pv_page8", D, acc, acc0, p, vdec, R, G, &st);
+                free(q), free(sc), free(p), free(acc), free(acc0);
             }
             free(x16), free(x), free(dec), free(vdec), free(kp), free(vp);
         }
@@ -866,26 +879,8 @@ static void test_page8(tu_rng *r) {
             memset(acc, 0, (size_t)R * D * sizeof *acc);
             kkv_qk_rows8(sc, q, R, rows, n, D);
             kkv_pv_rows8(acc, p, R, rows, n, D);
-            for (int rr = 0; rr < R; rr++) {
-                for (int t = 0; t < n; t++) {
-                    double ref = 0, mag = 0;
-                    for (int j = 0; j < D; j++) {
-                        double term = (double)q[rr * D + j] * dec[(size_t)t * D + j];
-                        ref += term, mag += fabs(term);
-                    }
-                    CHECK(close_to(sc[rr * n + t], (float)ref, mag, &st), "qk_rows8 D %d: %g vs %g",
-                          D, sc[rr * n + t], ref);
-                }
-                for (int j = 0; j < D; j++) {
-                    double ref = 0, mag = 0;
-                    for (int t = 0; t < n; t++) {
-                        double term = (double)p[rr * n + t] * dec[(size_t)t * D + j];
-                        ref += term, mag += fabs(term);
-                    }
-                    CHECK(close_to(acc[rr * D + j], (float)ref, mag, &st), "pv_rows8 D %d: %g vs %g",
-                          D, acc[rr * D + j], ref);
-                }
-            }
+            check_qk_ref("qk_rows8", D, sc, q, dec, R, n, &st);
+            check_pv_ref("pv_rows8", D, acc, NULL, p, dec, R, n, &st);
             free(q), free(sc), free(p), free(acc);
         }
         free(x16), free(x), free(dec), free(rows);

@@ -221,6 +221,20 @@ static void test_validation(void) {
 
 /* Spec 5 byte counts. */
 static void test_page_bytes(void) {
+    {
+        kkv_method a, b, f;
+        kkv_method_from_name(&a, "kitty");
+        kkv_method_from_name(&b, "kivi-k8v8");
+        kkv_method_from_name(&f, "fp16");
+        CHECK(kkv_method_key_page_bytes(&a, 64, 8) == 2624 &&
+                  kkv_method_key_page_bytes(&b, 64, 8) == 64 * 128 + 4 * 64 &&
+                  kkv_method_key_page_bytes(&f, 64, 8) == 64 * 128 * 2 &&
+                  kkv_method_key_page_bytes(NULL, 64, 8) == 0 &&
+                  kkv_method_key_page_bytes(&a, 64, 65) == 0,
+              "method key page bytes: kitty %zu, kivi-k8v8 %zu, fp16 %zu",
+              kkv_method_key_page_bytes(&a, 64, 8), kkv_method_key_page_bytes(&b, 64, 8),
+              kkv_method_key_page_bytes(&f, 64, 8));
+    }
     CHECK(kkv_key_page_bytes(64, 128, 8) == 2624, "kitty D=64 key page %zu, want 2624",
           kkv_key_page_bytes(64, 128, 8));
     CHECK(kkv_key_page_bytes(64, 128, 16) == 2880, "kitty-pro D=64 key page %zu, want 2880",

@@ -216,7 +216,7 @@ _decl(core, "kkv_seq_key_page", st, c_void_p, c_void_p, c_size_t, c_int, c_int, 
 if HAS_BUDGET:
     _decl(core, "kkv_seq_key_page_boost", c_int, c_void_p, c_int, c_int, c_int, c_int)
 if HAS_KEY8:
-    _decl(core, "kkv_key8_page_bytes", c_size_t, c_int, c_int)
+    _decl(core, "kkv_method_key_page_bytes", c_size_t, POINTER(Method), c_int, c_int)
 _decl(core, "kkv_seq_mem", st, c_void_p, POINTER(Mem), c_int)
 _decl(core, "kkv_cache_mem", st, c_void_p, POINTER(Mem))
 _decl(core, "kkv_cache_free_bytes", c_uint64, c_void_p)

@@ -509,8 +509,8 @@ class Cache(Handle):
                   if _lib.HAS_BUDGET else -1)
         if nb < 0:
             nb = _L.kkv_method_boost(ctypes.byref(m), D)
-        if getattr(m, "key_bits", 2) == 8:  # the 8-bit key page (no boost)
-            n = _L.kkv_key8_page_bytes(D, m.group)
+        if _lib.HAS_KEY8:  # the method's own page format (8-bit keys too)
+            n = _L.kkv_method_key_page_bytes(ctypes.byref(m), D, nb)
         else:
             n = _L.kkv_key_page_bytes(D, m.group, nb)
         buf = np.empty(n, np.uint8)

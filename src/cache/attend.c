@@ -183,7 +183,7 @@ static void run_task(void *arg, int task) {
             b.n = U->first + U->count - t < G ? U->first + U->count - t : G;
             const uint16_t *sk = kkv_sink_k(c, J->s, J->layer, h) + (size_t)t * c->srow;
             const uint16_t *sv = kkv_sink_v(c, J->s, J->layer, h) + (size_t)t * c->srow;
-            int i8 = c->srow != D;
+            int i8 = c->sink8;
             b.k16 = i8 ? NULL : sk;
             b.v16 = i8 ? NULL : sv;
             b.k8 = i8 ? (const uint8_t *)(const void *)sk : NULL;

@@ -52,14 +52,10 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
     c->nb = kkv_method_boost(m, c->D);
     c->vbits = m->value_bits;
     c->kbits = !c->fp16 && m->key_bits == 8 ? 8 : 2;
-    c->srow = !c->fp16 && m->sink_int8 ? c->D / 2 + 1 : c->D;
-    if (c->fp16) {
-        c->kpage = c->vpage = (size_t)c->G * c->D * 2;
-    } else {
-        c->kpage = c->kbits == 8 ? kkv_key8_page_bytes(c->D, c->G)
-                                 : kkv_key_page_bytes(c->D, c->G, c->nb);
-        c->vpage = kkv_value_page_bytes(c->D, c->G, c->vbits);
-    }
+    c->sink8 = !c->fp16 && m->sink_int8;
+    c->srow = c->sink8 ? c->D / 2 + 1 : c->D;
+    c->kpage = kkv_method_key_page_bytes(m, c->D, c->nb);
+    c->vpage = c->fp16 ? c->kpage : kkv_value_page_bytes(c->D, c->G, c->vbits);
     c->eager = !c->fp16 && m->eager_values;
     c->bmode = c->fp16 ? 0 : (int)m->budget;
     c->kpage0 = c->fp16 ? 0 : kkv_key_page_bytes(c->D, c->G, 0);
@@ -907,7 +903,7 @@ kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const fl
         const float *kh = k + (size_t)h * c->D, *vh = v + (size_t)h * c->D;
         float v8[KKV_MAX_HEAD_DIM]; /* [D] int8-rounded (win8) */
         if (cnt.len >= c->S && m->window_int8) vh = int8_round(v8, vh, c->D);
-        if (cnt.len < c->S && c->srow != c->D) { /* int8 sink rows */
+        if (cnt.len < c->S && c->sink8) { /* int8 sink rows */
             kkv_row8_encode((uint8_t *)(kkv_sink_k(c, s, layer, h) + (size_t)cnt.len * c->srow),
                             kh, c->D);
             kkv_row8_encode((uint8_t *)(kkv_sink_v(c, s, layer, h) + (size_t)cnt.len * c->srow),

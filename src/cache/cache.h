@@ -72,7 +72,8 @@ struct kkv_cache {
     kkv_cache_config cfg;
     int L, H, D, G, S, R, nb, vbits, fp16, eager;
     int kbits;              /* 2 (the boosted format) or 8 (8-bit key pages) */
-    int srow;               /* uint16 units of one sink row: D fp16, or with sink_int8
+    int sink8;              /* the sink is stored as int8 rows (method sink_int8) */
+    int srow;               /* uint16 units of one sink row: D fp16, or with sink8
                                D/2 + 1 (D int8 codes, then the row's fp16 scale) */
     int   *win;             /* [L] window of each layer (0 = all); cfg.layer_window points here, or NULL */
     size_t kpage, vpage;    /* bytes of one key / value page of one head */

@@ -63,7 +63,7 @@ static void add_seq(const kkv_cache *c, const kkv_seq *s, kkv_mem *m, uint64_t *
                 sinks += kkv_sink_bytes(c, y->cs);
             }
         }
-        if (c->srow != c->D) { /* int8 sink rows: D codes and a scale each */
+        if (c->sink8) { /* int8 sink rows: D codes and a scale each */
             m->sink_int8 += sink16 * H * (uint64_t)c->srow * 2;
             sink16 = 0;
         }

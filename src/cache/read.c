@@ -13,7 +13,7 @@ static void widen_rows(float *dst, const uint16_t *src, int n, int D) {
 
 /* The sink's n rows as floats: fp16 rows, or int8 rows with sink_int8. */
 static void sink_rows(const kkv_cache *c, float *dst, const uint16_t *src, int n) {
-    if (c->srow == c->D) {
+    if (!c->sink8) {
         widen_rows(dst, src, n, c->D);
         return;
     }

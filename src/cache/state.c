@@ -77,7 +77,7 @@ static uint32_t plus_options(const kkv_cache *c) {
     o |= (uint32_t)c->bmode << 17 | (uint32_t)m->sink_int8 << 19 | (uint32_t)m->window_int8 << 20;
     o |= (uint32_t)(c->kbits == 8) << 21;
     /* int8 sink rows; bit 19 alone was the fidelity study's fp16 sink */
-    o |= (uint32_t)(c->srow != c->D) << 22;
+    o |= (uint32_t)c->sink8 << 22;
     return o;
 }
 
@@ -121,7 +121,7 @@ static void put_seq(wbuf *w, const kkv_cache *c, const kkv_seq *s, const kkv_sta
     for (int l = 0; l < c->L; l++) {
         kkv_counts n = kkv_counts_of(c, s, l);
         for (int h = 0; h < c->H; h++) {
-            if (c->srow != c->D) { /* int8 rows: bytes already in their stored order */
+            if (c->sink8) { /* int8 rows: bytes already in their stored order */
                 put(w, kkv_sink_k(c, s, l, h), (size_t)n.sink_held * c->srow * 2);
                 put(w, kkv_sink_v(c, s, l, h), (size_t)n.sink_held * c->srow * 2);
             } else {
@@ -392,14 +392,14 @@ kkv_status kkv_seq_load(kkv_cache *c, int *seq, const void *buf, size_t n,
             const uint8_t *b = NULL;
             size_t rows[2] = {(size_t)k.sink_held, (size_t)k.sink_held};
             uint16_t *dst[2] = {kkv_sink_k(c, &t, l, hh), kkv_sink_v(c, &t, l, hh)};
-            for (int i = 0; i < 2 && !why && c->srow != c->D; i++) { /* int8 rows */
+            for (int i = 0; i < 2 && !why && c->sink8; i++) { /* int8 rows */
                 size_t rb = (size_t)c->srow * 2;
                 take(&r, rows[i] * rb, &b);
                 for (size_t t8 = 0; t8 < rows[i] && !why; t8++)
                     if (!rows_finite(b + t8 * rb + D, 1)) why = "non-finite int8 sink scale";
                 if (rows[i]) memcpy(dst[i], b, rows[i] * rb);
             }
-            for (int i = 0; i < 2 && !why && c->srow == c->D; i++) {
+            for (int i = 0; i < 2 && !why && !c->sink8; i++) {
                 take(&r, rows[i] * D * 2, &b);
                 if (!rows_finite(b, rows[i] * D)) why = "non-finite fp16 sink";
                 for (size_t e = 0; e < rows[i] * D; e++) dst[i][e] = kkv_ld16(b + 2 * e);

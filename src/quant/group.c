@@ -23,6 +23,13 @@ size_t kkv_key8_page_bytes(int head_dim, int group) {
     return kkv_key8_layout_of(head_dim, group).bytes;
 }
 
+size_t kkv_method_key_page_bytes(const kkv_method *m, int head_dim, int n_boost) {
+    if (!m || head_dim <= 0 || m->group <= 0) return 0;
+    if (m->fp16) return (size_t)m->group * (size_t)head_dim * 2;
+    if (m->key_bits == 8) return kkv_key8_page_bytes(head_dim, m->group);
+    return kkv_key_page_bytes(head_dim, m->group, n_boost);
+}
+
 size_t kkv_value_page_bytes(int head_dim, int group, int bits) {
     if (head_dim <= 0 || group <= 0 || (bits != 2 && bits != 4 && bits != 8)) return 0;
     return kkv_value_layout_of(head_dim, group, bits).bytes;

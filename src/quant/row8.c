@@ -8,15 +8,15 @@
 #include "quant/quant.h"
 
 void kkv_row8_encode(uint8_t *row, const float *x, int D) {
-    float amax = 0.0f;
+    float y[KKV_MAX_HEAD_DIM], amax = 0.0f; /* [D] x rounded to fp16, as every input */
     for (int j = 0; j < D; j++) {
-        float a = fabsf(kkv_f16_round(x[j]));
-        amax = a > amax ? a : amax;
+        y[j] = kkv_f16_round(x[j]);
+        amax = fabsf(y[j]) > amax ? fabsf(y[j]) : amax;
     }
     uint16_t scale16 = kkv_f16_store(amax / 127.0f);
     float scale = kkv_f16_to_f32(scale16);
     for (int j = 0; j < D; j++) {
-        float q = scale > 0.0f ? rintf(kkv_f16_round(x[j]) / scale) : 0.0f;
+        float q = scale > 0.0f ? rintf(y[j] / scale) : 0.0f;
         q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q); /* scale rounded down */
         row[j] = (uint8_t)(int8_t)q;
     }

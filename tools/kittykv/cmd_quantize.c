@@ -49,14 +49,11 @@ static int write_pages(const char *path, const kkv_cache *c, int seq, int fp16) 
     kkv_seq_info si;
     kkv_seq_get_info(c, &si, seq, 0);
     /* budget=head|err: a page has its own n_boost, up to head_dim */
-    int key8 = cfg->method.key_bits == 8;
-    size_t cap = key8 ? kkv_key8_page_bytes(cfg->head_dim, cfg->method.group)
-                      : kkv_key_page_bytes(cfg->head_dim, cfg->method.group, cfg->head_dim);
+    size_t cap = kkv_method_key_page_bytes(&cfg->method, cfg->head_dim, cfg->head_dim);
     uint8_t *buf = malloc(cap); /* one key page */
     int bad = !buf;
     for (int p = 0; !bad && p < si.key_pages; p++) {
-        size_t bytes = key8 ? cap
-                            : kkv_key_page_bytes(cfg->head_dim, cfg->method.group,
+        size_t bytes = kkv_method_key_page_bytes(&cfg->method, cfg->head_dim,
                                                  kkv_seq_key_page_boost(c, seq, 0, 0, p));
         bad = kkv_seq_key_page(c, buf, cap, seq, 0, 0, p) != KKV_OK;
         bad = bad || fwrite(buf, 1, bytes, f) != bytes;
