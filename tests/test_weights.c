@@ -8,7 +8,8 @@
  *   --dequant TYPE IN OUT          dequantize raw blocks of a ggml type to f32
  *   --matmul MODEL TENSOR X N OUT  out[N][rows] = x[N][cols] @ W^T (raw f32)
  *   --sizes                        print the block size table
- *   --bench [MODEL]                time matmuls (scalar vs AVX2, 1 and 2 threads) */
+ *   --bench [MODEL]                time matmuls (scalar, AVX2, auto; 1 and 2 threads)
+ *   --bench-stream                 the same on matrices larger than the caches */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -320,7 +321,7 @@ static const uint32_t TYPES[] = {KKV_WT_F32,  KKV_WT_F16,  KKV_WT_BF16, KKV_WT_Q
 
 static void test_kernels(void) {
     const int ns[] = {1, 3, 17};
-    const int64_t rows_list[] = {1, 7, 37};
+    const int64_t rows_list[] = {1, 7, 37, 8, 16, 9};
     int have_avx2 = kkv_cpu_get()->avx2;
     kkv_tp *tp3 = NULL;
     kkv_tp_create(&tp3, 3);
@@ -331,7 +332,7 @@ static void test_kernels(void) {
         for (int ci = 0; ci < 3; ci++) {
             int64_t cols = cols_list[ci];
             if (type == KKV_WT_F32 || type == KKV_WT_F16 || type == KKV_WT_BF16) cols += ci; /* odd lengths: SIMD tails */
-            for (int ri = 0; ri < 3; ri++) {
+            for (int ri = 0; ri < 6; ri++) {
                 int64_t rows = rows_list[ri];
                 kkv_weight w;
                 uint8_t *wd = rand_weights(&w, type, rows, cols);
@@ -365,6 +366,11 @@ static void test_kernels(void) {
                                 float a = oa[(size_t)j * (size_t)rows + (size_t)r];
                                 CHECK(fabs(a - s) <= 2e-5 * abs + 1e-30, "%s %lldx%lld n=%d: avx2 %.9g scalar %.9g",
                                       kkv_wt_name(type), (long long)rows, (long long)cols, n, a, s);
+                                /* the eight-row kernels keep the scalar order: the same bits */
+                                if (type == KKV_WT_Q4_0 || type == KKV_WT_Q4_1 || type == KKV_WT_Q8_0)
+                                    CHECK(memcmp(&a, &s, sizeof a) == 0, "%s %lldx%lld n=%d row %lld: avx2 %.9g "
+                                          "is not the scalar %.9g", kkv_wt_name(type), (long long)rows,
+                                          (long long)cols, n, (long long)r, a, s);
                             }
                         }
                         /* the same x vector alone, serial: bit-identical */
@@ -558,7 +564,10 @@ static void bench_one(const kkv_weight *w, const char *label) {
         int n = ns[ni];
         float *x = rand_x(n, w->cols);
         float *out = malloc(sizeof(float) * (size_t)n * (size_t)w->rows);
-        for (int impl = KKV_WT_IMPL_SCALAR; impl <= KKV_WT_IMPL_AVX2; impl++) {
+        const kkv_wt_impl impls[] = {KKV_WT_IMPL_SCALAR, KKV_WT_IMPL_AVX2, KKV_WT_IMPL_AUTO};
+        const char *names[] = {"scalar", "avx2", "auto"};
+        for (int ii = 0; ii < 3; ii++) {
+            kkv_wt_impl impl = impls[ii];
             if (impl == KKV_WT_IMPL_AVX2 && !kkv_cpu_get()->avx2) continue;
             for (int th = 1; th <= 2; th++) {
                 kkv_tp *tp = NULL;
@@ -568,15 +577,15 @@ static void bench_one(const kkv_weight *w, const char *label) {
                 double start = now_s(), per = 1e30;
                 do {
                     double t0 = now_s();
-                    kkv_matmul_ex(tp, out, w, x, n, (kkv_wt_impl)impl);
+                    kkv_matmul_ex(tp, out, w, x, n, impl);
                     double t = now_s() - t0;
                     if (t < per) per = t;
                     reps++;
                 } while (now_s() - start < 0.5 && reps < 1000);
                 double gflops = 2.0 * (double)n * (double)w->rows * (double)w->cols / per * 1e-9;
                 double gbs = (double)w->rows * (double)w->row_bytes / per * 1e-9;
-                printf("%-28s %-5s n=%-3d threads=%d  %8.3f ms  %7.2f GFLOP/s  %6.2f GB/s weights\n", label,
-                       impl == KKV_WT_IMPL_SCALAR ? "scalar" : "avx2", n, th, per * 1e3, gflops, gbs);
+                printf("%-28s %-6s n=%-3d threads=%d  %8.3f ms  %7.2f GFLOP/s  %6.2f GB/s weights\n", label,
+                       names[ii], n, th, per * 1e3, gflops, gbs);
                 kkv_tp_free(tp);
             }
         }
@@ -617,6 +626,23 @@ static int mode_bench(const char *model) {
     return 0;
 }
 
+/* Matrices larger than the last-level cache (~150 MB of Q8_0, 85 MB of
+ * Q4_1), so every call streams its weights from DRAM as a decode step does. */
+static int mode_bench_stream(void) {
+    const uint32_t types[] = {KKV_WT_Q8_0, KKV_WT_Q4_1, KKV_WT_Q4_1};
+    const int64_t cols[] = {576, 576, 1536};
+    for (int i = 0; i < 3; i++) {
+        kkv_weight w;
+        uint8_t *d = rand_weights(&w, types[i], 262144 * 576 / cols[i], cols[i]);
+        char label[64];
+        snprintf(label, sizeof label, "stream %s %lldx%lld", kkv_wt_name(types[i]), (long long)w.rows,
+                 (long long)w.cols);
+        bench_one(&w, label);
+        free(d);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 5 && strcmp(argv[1], "--dump") == 0) return mode_dump(argv[2], argv[3], argv[4]);
     if (argc >= 5 && strcmp(argv[1], "--dequant") == 0) return mode_dequant(argv[2], argv[3], argv[4]);
@@ -628,6 +654,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc >= 2 && strcmp(argv[1], "--bench") == 0) return mode_bench(argc >= 3 ? argv[2] : NULL);
+    if (argc >= 2 && strcmp(argv[1], "--bench-stream") == 0) return mode_bench_stream();
 
     test_type_table();
     test_dequant_known();

@@ -346,6 +346,7 @@ void kkv_q8x_quantize(kkv_q8x *dst, const float *x, int64_t cols) {
             float q = round_even_small(v[i] * id);
             if (q > 127.0f) q = 127.0f;
             if (q < -127.0f) q = -127.0f;
+            if (q != q) q = 0.0f; /* 0 * inf where d is subnormal and 1 / d overflows */
             o->q[i] = (int8_t)q;
             sum += o->q[i];
             if (i == 15) sum16 = sum;
@@ -528,7 +529,7 @@ static void scalar_dot_f(float *res, uint32_t type, const void *row, int64_t col
     }
 }
 
-const kkv_wt_kernels kkv_wt_kernels_scalar = {scalar_dot_q, scalar_dot_f, kkv_q8x_quantize};
+const kkv_wt_kernels kkv_wt_kernels_scalar = {scalar_dot_q, scalar_dot_f, kkv_q8x_quantize, NULL};
 
 /* ---- matmul driver ---- */
 
@@ -543,6 +544,7 @@ typedef struct mm_ctx {
     float                *row_f;   /* KKV_WT_IMPL_F32: [tasks][cols] scratch, else NULL */
     int64_t               big_rows; /* rows of each of the first n_big tasks */
     int                   n_big;
+    int                   rows8;   /* k->dot_q_rows covers w->type (and xq is set) */
 } mm_ctx;
 
 static int is_quant(uint32_t type) { return type != KKV_WT_F32 && type != KKV_WT_F16 && type != KKV_WT_BF16; }
@@ -576,9 +578,14 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
     size_t nb = (size_t)(w->cols / 32);
     const uint8_t *base = (const uint8_t *)w->data;
     const uint8_t *stream_end = base + (size_t)r1 * w->row_bytes;
-    /* the head of the task's stream at once, then MM_PF_BYTES ahead per row */
+    /* the head of the task's stream at once, then MM_PF_BYTES ahead per row
+     * (per block of rows with the eight-row kernels, which spread each range
+     * over their blocks) */
+    /* the eight-row kernels read a block's rows side by side: the lead must
+     * cover the whole next block of rows, not only the next row */
+    const size_t lead = MM_PF_BYTES + (c->rows8 ? (size_t)KKV_WT_ROWS * w->row_bytes : 0);
     const uint8_t *pf = base + (size_t)r0 * w->row_bytes;
-    const uint8_t *pf_to = pf + MM_PF_BYTES < stream_end ? pf + MM_PF_BYTES : stream_end;
+    const uint8_t *pf_to = (size_t)(stream_end - pf) > lead ? pf + lead : stream_end;
     prefetch_range(pf, pf_to);
     pf = pf_to;
     for (int64_t t0 = r0; t0 < r1; t0 += MM_ROW_TILE) {
@@ -591,20 +598,33 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
                 xq[j] = c->xq ? c->xq + (size_t)(j0 + j) * nb : NULL;
                 xf[j] = c->x ? c->x + (size_t)(j0 + j) * (size_t)w->cols : NULL;
             }
-            for (int64_t r = t0; r < t1; r++) {
-                const void *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-                if (pf < stream_end) { /* keep MM_PF_BYTES ahead of the row after this one */
-                    const uint8_t *want = (const uint8_t *)row + w->row_bytes + MM_PF_BYTES;
-                    pf_to = want < stream_end ? want : stream_end;
+            for (int64_t r = t0; r < t1;) {
+                /* eight rows at once where the kernels cover the type, else one */
+                int nr = c->rows8 ? (int)(t1 - r < KKV_WT_ROWS ? t1 - r : KKV_WT_ROWS) : 1;
+                const uint8_t *row = base + (size_t)r * w->row_bytes;
+                const uint8_t *pf_from = pf;
+                if (pf < stream_end) { /* keep `lead` ahead of the rows after these */
+                    const uint8_t *next = row + (size_t)nr * w->row_bytes;
+                    pf_to = (size_t)(stream_end - next) > lead ? next + lead : stream_end;
                     if (pf_to > pf) {
-                        prefetch_range(pf, pf_to);
+                        if (!c->rows8) prefetch_range(pf, pf_to); /* else the kernel spreads it */
                         pf = pf_to;
                     }
                 }
-                float res[KKV_WT_NX];
-                if (c->xq) c->k->dot_q(res, w->type, row, w->cols, xq, nx);
-                else c->k->dot_f(res, w->type, row, w->cols, xf, nx);
-                for (int j = 0; j < nx; j++) c->out[(size_t)(j0 + j) * (size_t)w->rows + (size_t)r] = res[j];
+                float res[KKV_WT_NX * KKV_WT_ROWS]; /* [nx][KKV_WT_ROWS] or [nx] */
+                if (c->rows8) {
+                    const uint8_t *rp[KKV_WT_ROWS];
+                    for (int i = 0; i < KKV_WT_ROWS; i++) rp[i] = row + (size_t)(i < nr ? i : 0) * w->row_bytes;
+                    c->k->dot_q_rows(res, w->type, rp, w->cols, xq, nx, pf_from, pf);
+                    for (int j = 0; j < nx; j++)
+                        for (int i = 0; i < nr; i++)
+                            c->out[(size_t)(j0 + j) * (size_t)w->rows + (size_t)(r + i)] = res[KKV_WT_ROWS * j + i];
+                } else {
+                    if (c->xq) c->k->dot_q(res, w->type, row, w->cols, xq, nx);
+                    else c->k->dot_f(res, w->type, row, w->cols, xf, nx);
+                    for (int j = 0; j < nx; j++) c->out[(size_t)(j0 + j) * (size_t)w->rows + (size_t)r] = res[j];
+                }
+                r += nr;
             }
         }
     }
@@ -692,6 +712,18 @@ static int64_t rows_per_task(const kkv_tp *tp, int64_t rows, int n) {
     return per;
 }
 
+/* The matmul of w against n x vectors (xq: their blocks, NULL for F32/F16)
+ * with kernels k, before its task plan. With the eight-row kernels a task
+ * is a whole number of row blocks where it can be (a tail block costs as
+ * much as a full one). Only speed depends on the task sizes. */
+static mm_ctx mm_make(const kkv_wt_kernels *k, const kkv_weight *w, float *out, const float *x,
+                      const kkv_q8x *xq, int n, const kkv_tp *tp) {
+    mm_ctx c = {k, w, out, x, xq, n, rows_per_task(tp, w->rows, n), NULL, 0, 0, 0};
+    c.rows8 = xq && k->dot_q_rows && k->dot_q_rows(NULL, w->type, NULL, 0, NULL, 0, NULL, NULL);
+    if (c.rows8) c.rows_per_task = (c.rows_per_task + KKV_WT_ROWS - 1) / KKV_WT_ROWS * KKV_WT_ROWS;
+    return c;
+}
+
 /* Task plan of c (rows_per_task already set); returns the task count. With a
  * pool, the first tasks are one contiguous block of BIG_PCT% / threads of the
  * rows per thread, the rest small tasks of rows_per_task that balance the
@@ -709,6 +741,7 @@ static int64_t plan_big(mm_ctx *c, const kkv_tp *tp) {
     c->big_rows = 0;
     if (threads > 1) {
         int64_t big = rows * BIG_PCT / 100 / threads;
+        if (c->rows8) big -= big % KKV_WT_ROWS;
         if (big >= 2 * c->rows_per_task) { /* else small tasks alone balance as well */
             c->n_big = threads;
             c->big_rows = big;
@@ -728,7 +761,7 @@ static kkv_status matmul_f32(kkv_tp *tp, float *out, const kkv_weight *w, const 
     }
     float *row_f = malloc((size_t)tasks * (size_t)w->cols * sizeof *row_f); /* [tasks][cols] */
     if (!row_f) return kkv_fail(KKV_ERR_NOMEM, "matmul: out of memory for f32 rows");
-    mm_ctx c = {&kkv_wt_kernels_scalar, w, out, x, NULL, n, per, row_f, 0, 0};
+    mm_ctx c = {&kkv_wt_kernels_scalar, w, out, x, NULL, n, per, row_f, 0, 0, 0};
     kkv_tp_run(tp, (int)tasks, mm_task, &c);
     free(row_f);
     return KKV_OK;
@@ -751,7 +784,7 @@ kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const floa
         if (!xq) return kkv_fail(KKV_ERR_NOMEM, "matmul: out of memory for %d activation rows", n);
         for (int j = 0; j < n; j++) k->quantize(xq + (size_t)j * nb, x + (size_t)j * (size_t)w->cols, w->cols);
     }
-    mm_ctx c = {k, w, out, x, xq, n, rows_per_task(tp, w->rows, n), NULL, 0, 0};
+    mm_ctx c = mm_make(k, w, out, x, xq, n, tp);
     int64_t tasks = plan_big(&c, tp);
     if (tasks > 1 << 30) { /* keeps the task count an int; rows_per_task grows instead */
         c.n_big = 0;
@@ -808,8 +841,7 @@ kkv_status kkv_matmul_multi(kkv_tp *tp, int nw, float *const *out, const kkv_wei
     mm_multi M = {.nw = nw};
     int64_t total = 0;
     for (int i = 0; i < nw; i++) {
-        M.c[i] = (mm_ctx){k, w[i], out[i], x, is_quant(w[i]->type) ? xq : NULL, n,
-                          rows_per_task(tp, w[i]->rows, n), NULL, 0, 0};
+        M.c[i] = mm_make(k, w[i], out[i], x, is_quant(w[i]->type) ? xq : NULL, n, tp);
         int64_t tasks = w[i]->rows > 0 ? plan_big(&M.c[i], tp) : 0;
         if (total + tasks > 1 << 30) { /* absurd sizes: one by one keeps the counts ints */
             free(xq);

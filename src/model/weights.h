@@ -76,9 +76,11 @@ typedef enum kkv_wt_impl {
  *    sub-block scales folded in); Q4_1/Q5_1 add m_w * s_x per block, and
  *    Q2_K/Q4_K/Q5_K subtract (dmin_w * d_x) * (integer sub-block mins times
  *    the sums of x's quants over each sub-block).
- *  The scalar kernels add the block terms in order; the AVX2 kernels keep 8
- *  fp32 lanes and add them at the end, so AVX2 and scalar agree to within
- *  about 1e-6 * sum|terms| (tests hold them to 2e-5 relative to sum|terms|).
+ *  The scalar kernels add the block terms in order. For Q4_0, Q4_1 and Q8_0
+ *  the SIMD kernels do the same (eight rows at once, one per lane) and give
+ *  the scalar bits; for the other types they keep 8 fp32 lanes per row and
+ *  add them at the end, so SIMD and scalar agree to within about 1e-6 *
+ *  sum|terms| (tests hold them to 2e-5 relative to sum|terms|).
  *  Within one impl each output depends only on (its row, its x vector): not
  *  on n, the thread count, or where the row falls in a task. */
 kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const float *x,
@@ -123,7 +125,16 @@ typedef struct kkv_wt_kernels {
                   const float *const *xf, int nx);
     /* kkv_q8x_quantize, byte for byte (the SIMD tables vectorize it) */
     void (*quantize)(kkv_q8x *dst, const float *x, int64_t cols);
+    /* KKV_WT_ROWS rows at once: res[j * KKV_WT_ROWS + r] = rows[r] . x_j,
+     * nx <= KKV_WT_NX (a tail block repeats a row pointer). Returns 0, doing
+     * nothing, for a type it does not cover (then dot_q row by row); nx == 0
+     * only asks. [pf, pf_end) is prefetched on the way (speed only; may be
+     * empty). NULL in the scalar table. Covered types give the scalar
+     * kernels' bits. */
+    int (*dot_q_rows)(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,
+                      const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end);
 } kkv_wt_kernels;
+#define KKV_WT_ROWS 8
 
 extern const kkv_wt_kernels kkv_wt_kernels_scalar;
 #if defined(__x86_64__) || defined(__i386__)

@@ -1,11 +1,12 @@
 /* AVX2 dot kernels for kkv_matmul_ex, one body built three ways (included
  * by weights_avx2.c, weights_vnni_avx512.c and weights_vnni_avxvnni.c, each
- * compiled for its level and run only where kkv_cpu_get() has it). Same
- * arithmetic as the scalar kernels in weights.c except the order of the fp32
- * additions: each (weight block, activation block) product is exact in
- * int32, scaled by d_w * d_x and added into 8 fp32 lanes that are summed at
- * the end. Every output uses the same instruction sequence whatever nx is, so
- * grouping never changes a result.
+ * compiled for its level and run only where kkv_cpu_get() has it). Q4_0, Q4_1
+ * and Q8_0 take eight rows at once with the scalar kernels' arithmetic
+ * (weights_rows_impl.h). The other types: the scalar arithmetic except the
+ * order of the fp32 additions: each (weight block, activation block) product
+ * is exact in int32, scaled by d_w * d_x and added into 8 fp32 lanes that are
+ * summed at the end. Every output uses the same instruction sequence whatever
+ * nx is, so grouping never changes a result.
  *
  * The includer defines KKV_WT_TABLE (the kernel table's name) and, for the
  * VNNI builds, KKV_WT_DPBUSD(acc, u, s) (vpdpbusd: acc + the four u8 x s8
@@ -147,7 +148,7 @@ static inline __m256 scale_of(__m256 dv, const kkv_q8x *x) {
 }
 
 /* acc[j] += (d_w * d_x_j) * (w . x_j) over the nx columns of block b, for
- * weights stored signed (Q4_0, Q5_0, Q8_0); always_inline like its caller. */
+ * weights stored signed (Q5_0); always_inline like its caller. */
 static inline __attribute__((always_inline)) void cols_signed(__m256 *acc, __m256i w, __m256 dv,
                                                               const kkv_q8x *const *xq, int64_t b,
                                                               const int nx) {
@@ -170,7 +171,7 @@ static inline __attribute__((always_inline)) void cols_scaled(__m256 *acc, __m25
     }
 }
 
-/* The same for weights stored unsigned with a minimum m (Q4_1, Q5_1): the
+/* The same for weights stored unsigned with a minimum m (Q5_1): the
  * minimum's term m * sum(x) goes to accm[j]. */
 static inline __attribute__((always_inline)) void cols_unsigned(__m256 *acc, float *accm, __m256i w,
                                                                 __m256 dv, float m,
@@ -184,8 +185,11 @@ static inline __attribute__((always_inline)) void cols_unsigned(__m256 *acc, flo
     }
 }
 
+#include "model/weights_rows_impl.h"
+
 /* One weight row against nx activation vectors; always_inline so each nx
- * gets its own unrolled copy. */
+ * gets its own unrolled copy. Q4_0, Q4_1 and Q8_0 go through the eight-row
+ * kernel (avx2_dot_q), so a row has the same bits alone or in a block. */
 static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t type, const uint8_t *row,
                                                            int64_t cols, const kkv_q8x *const *xq,
                                                            const int nx) {
@@ -197,33 +201,6 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
     }
     int64_t nb = cols / 32;
     switch (type) {
-    case KKV_WT_Q4_0:
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *wb = row + 18 * b;
-            __m256i w = _mm256_sub_epi8(unpack_nibbles(wb + 2), _mm256_set1_epi8(8));
-            float d = f16_at(wb);
-            const __m256 dv = _mm256_set1_ps(d);
-            cols_signed(acc, w, dv, xq, b, nx);
-        }
-        break;
-    case KKV_WT_Q4_1:
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *wb = row + 20 * b;
-            __m256i w = unpack_nibbles(wb + 4);
-            float d = f16_at(wb), m = f16_at(wb + 2);
-            const __m256 dv = _mm256_set1_ps(d);
-            cols_unsigned(acc, accm, w, dv, m, xq, b, nx);
-        }
-        break;
-    case KKV_WT_Q8_0:
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *wb = row + 34 * b;
-            __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 2));
-            float d = f16_at(wb);
-            const __m256 dv = _mm256_set1_ps(d);
-            cols_signed(acc, w, dv, xq, b, nx);
-        }
-        break;
     case KKV_WT_Q6_K:
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *wb = row + 210 * (b / 8);
@@ -324,6 +301,14 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
 
 static void avx2_dot_q(float *res, uint32_t type, const void *row, int64_t cols,
                        const kkv_q8x *const *xq, int nx) {
+    if (rows_covers(type)) {
+        const uint8_t *rp[WT_ROWS];
+        for (int r = 0; r < WT_ROWS; r++) rp[r] = row;
+        float r8[WT_ROWS * KKV_WT_NX];
+        avx2_dot_q_rows(r8, type, rp, cols, xq, nx, NULL, NULL);
+        for (int j = 0; j < nx; j++) res[j] = r8[WT_ROWS * j];
+        return;
+    }
     switch (nx) {
     case 1: dot_q_nx(res, type, row, cols, xq, 1); break;
     case 2: dot_q_nx(res, type, row, cols, xq, 2); break;
@@ -441,6 +426,6 @@ static void avx2_quantize(kkv_q8x *dst, const float *x, int64_t cols) {
     }
 }
 
-const kkv_wt_kernels KKV_WT_TABLE = {avx2_dot_q, avx2_dot_f, avx2_quantize};
+const kkv_wt_kernels KKV_WT_TABLE = {avx2_dot_q, avx2_dot_f, avx2_quantize, avx2_dot_q_rows};
 
 #endif
