@@ -31,6 +31,7 @@ typedef struct block {
      * page vsplit, the rest are v16 */
     const uint8_t  *vsplit;
     int             nq, vrow0;
+    const void *pfk, *pfv; /* NULL, or the next quantized key / value page: prefetched */
 } block;
 
 typedef struct unit {
@@ -79,6 +80,23 @@ static void pv_split(const kkv_cache *c, float *acc, const float *p, int n_rep, 
     }
 }
 
+/* Pulls the next quantized page into L2 while this one is computed: pages of
+ * one (layer, head) lie a whole slot apart, beyond the hardware prefetcher.
+ * prefetcht2 (locality 1), not t0: on Zen 4 with pages 495 KB apart a page
+ * pair (kitty, D 64) took 1.74 us with t2, 2.12 us with t0 (whose L1 fills
+ * queue behind the few L1 miss buffers), 2.44 us with none, 1.50 us hot.
+ * The next key page is requested before this page's keys are scored and the
+ * next value page after them: one burst of both (~80 lines) stalled on the
+ * miss buffers, and splitting it made kitty's attention 7-9% faster at 16K
+ * and 32K (1 and 2 threads). Later points (after the softmax, after the
+ * values) measured no better.
+ * (fp16 pages are 16x larger and are prefetched row by row by the kernels
+ * instead: see attend_block.) */
+static void prefetch(const void *p, size_t n) {
+    const char *b = p;
+    for (size_t i = 0; i < n; i += 64) __builtin_prefetch(b + i, 0, 1);
+}
+
 /* Online-softmax update of one block into the partial state of n_rep query
  * heads: acc [n_rep][D], ml [n_rep][2] (running max, running sum).
  * sc: [n_rep][G] scratch. The first `skip` tokens (0 <= skip < n) lie before
@@ -88,6 +106,7 @@ static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, c
                          int n_rep, const block *b, int skip, const void *next_k) {
     const kkv_ops *ops = c->ops;
     int D = c->D, n = b->n, m = n - skip;
+    if (b->pfk) prefetch(b->pfk, c->kpage);
     /* fp16 streams: the values are prefetched while the keys are scored, the
      * next page's keys (next_k, n rows) while the values are summed */
     if (b->k8) kkv_qk_rows8(sc, q, n_rep, b->k8, n, D);
@@ -98,6 +117,7 @@ static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, c
         for (int r = 0; r < n_rep; r++)
             memmove(sc + (size_t)r * m, sc + (size_t)r * n + skip, (size_t)m * sizeof *sc);
     }
+    if (b->pfv) prefetch(b->pfv, c->vpage); /* half the burst, a kernel later */
     ops->softmax(sc, ml, acc, n_rep, m, D, 1.0f / sqrtf((float)D));
     if (skip) { /* back to [n_rep][n], masked tokens at probability 0 */
         for (int r = n_rep - 1; r >= 0; r--) {
@@ -142,18 +162,6 @@ static void block_values(const kkv_cache *c, block *b, const kkv_seq *s, int l, 
     }
 }
 
-/* Pulls the next quantized page into L2 while this one is computed: pages of
- * one (layer, head) lie a whole slot apart, beyond the hardware prefetcher.
- * prefetcht2 (locality 1), not t0: on Zen 4 with pages 495 KB apart a page
- * pair (kitty, D 64) took 1.74 us with t2, 2.12 us with t0 (whose L1 fills
- * queue behind the few L1 miss buffers), 2.44 us with none, 1.50 us hot.
- * (fp16 pages are 16x larger and are prefetched row by row by the kernels
- * instead: see attend_block.) */
-static void prefetch(const void *p, size_t n) {
-    const char *b = p;
-    for (size_t i = 0; i < n; i += 64) __builtin_prefetch(b + i, 0, 1);
-}
-
 static void run_task(void *arg, int task) {
     job *J = arg;
     const kkv_cache *c = J->c;
@@ -178,6 +186,7 @@ static void run_task(void *arg, int task) {
     }
     block b;
     b.k8 = b.v8 = NULL; /* only sink rows are int8 */
+    b.pfk = b.pfv = NULL;
     if (U->kind == 0) { /* sink, in runs of at most G */
         for (int t = U->first; t < U->first + U->count; t += G) {
             b.n = U->first + U->count - t < G ? U->first + U->count - t : G;
@@ -196,13 +205,22 @@ static void run_task(void *arg, int task) {
         for (int p = U->first; p < U->first + U->count; p++) {
             const uint8_t *kp = kkv_kpage_ptr(c, J->s, p, J->layer, h);
             const void *next_k = NULL; /* fp16: the next page's keys, streamed */
+            b.pfk = b.pfv = NULL;
             if (p + 1 < U->first + U->count) {
                 if (c->fp16) {
                     next_k = kkv_kpage_ptr(c, J->s, p + 1, J->layer, h);
                 } else {
-                    prefetch(kkv_kpage_ptr(c, J->s, p + 1, J->layer, h), c->kpage);
-                    if (p + 1 < n->vp) prefetch(kkv_vpage_ptr(c, J->s, p + 1, J->layer, h), c->vpage);
+                    b.pfk = kkv_kpage_ptr(c, J->s, p + 1, J->layer, h);
+                    b.pfv = p + 1 < n->vp ? kkv_vpage_ptr(c, J->s, p + 1, J->layer, h) : NULL;
                 }
+            } else if (!c->fp16 && p + 1 < n->kp) {
+                /* the next unit's first page: on one thread that is the next
+                 * task, which otherwise starts on a cold page (kitty at 16K,
+                 * one thread: 6-8% faster; two threads, where the other
+                 * worker often has it: no change, and two units ahead was
+                 * slower there) */
+                b.pfk = kkv_kpage_ptr(c, J->s, p + 1, J->layer, h);
+                b.pfv = p + 1 < n->vp ? kkv_vpage_ptr(c, J->s, p + 1, J->layer, h) : NULL;
             }
             b.n = G;
             b.k16 = c->fp16 ? (const uint16_t *)(const void *)kp : NULL;
