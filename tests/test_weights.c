@@ -594,6 +594,17 @@ static void bench_one(const kkv_weight *w, const char *label) {
     }
 }
 
+/* bench_one on random weights of a type. */
+static void bench_random(const char *what, uint32_t type, int64_t rows, int64_t cols) {
+    kkv_weight w;
+    uint8_t *d = rand_weights(&w, type, rows, cols);
+    char label[64];
+    snprintf(label, sizeof label, "%s %s %lldx%lld", what, kkv_wt_name(type), (long long)w.rows,
+             (long long)w.cols);
+    bench_one(&w, label);
+    free(d);
+}
+
 static int mode_bench(const char *model) {
     kkv_gguf *g = NULL;
     kkv_weight w;
@@ -615,31 +626,18 @@ static int mode_bench(const char *model) {
     const uint32_t types[] = {KKV_WT_Q4_1, KKV_WT_Q8_0, KKV_WT_Q4_0, KKV_WT_Q6_K, KKV_WT_F16,
                               KKV_WT_Q4_K, KKV_WT_Q5_K, KKV_WT_Q2_K, KKV_WT_Q3_K, KKV_WT_Q5_0,
                               KKV_WT_Q5_1, KKV_WT_BF16};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        uint8_t *d = rand_weights(&w, types[i], 4096, 576 / kkv_wt_block_elems(types[i]) * kkv_wt_block_elems(types[i]) == 576 ? 576 : 512);
-        char label[64];
-        snprintf(label, sizeof label, "random %s %lldx%lld", kkv_wt_name(types[i]), (long long)w.rows,
-                 (long long)w.cols);
-        bench_one(&w, label);
-        free(d);
-    }
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        bench_random("random", types[i], 4096,
+                     576 / kkv_wt_block_elems(types[i]) * kkv_wt_block_elems(types[i]) == 576 ? 576 : 512);
     return 0;
 }
 
 /* Matrices larger than the last-level cache (~150 MB of Q8_0, 85 MB of
  * Q4_1), so every call streams its weights from DRAM as a decode step does. */
 static int mode_bench_stream(void) {
-    const uint32_t types[] = {KKV_WT_Q8_0, KKV_WT_Q4_1, KKV_WT_Q4_1};
-    const int64_t cols[] = {576, 576, 1536};
-    for (int i = 0; i < 3; i++) {
-        kkv_weight w;
-        uint8_t *d = rand_weights(&w, types[i], 262144 * 576 / cols[i], cols[i]);
-        char label[64];
-        snprintf(label, sizeof label, "stream %s %lldx%lld", kkv_wt_name(types[i]), (long long)w.rows,
-                 (long long)w.cols);
-        bench_one(&w, label);
-        free(d);
-    }
+    bench_random("stream", KKV_WT_Q8_0, 262144, 576);
+    bench_random("stream", KKV_WT_Q4_1, 262144, 576);
+    bench_random("stream", KKV_WT_Q4_1, 98304, 1536);
     return 0;
 }
 
