@@ -578,11 +578,10 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
     size_t nb = (size_t)(w->cols / 32);
     const uint8_t *base = (const uint8_t *)w->data;
     const uint8_t *stream_end = base + (size_t)r1 * w->row_bytes;
-    /* the head of the task's stream at once, then MM_PF_BYTES ahead per row
-     * (per block of rows with the eight-row kernels, which spread each range
-     * over their blocks) */
-    /* the eight-row kernels read a block's rows side by side: the lead must
-     * cover the whole next block of rows, not only the next row */
+    /* the head of the task's stream at once, then `lead` ahead of the next
+     * row; the eight-row kernels read a block's rows side by side, so their
+     * lead covers the whole next block of rows, and they spread each range
+     * over their blocks */
     const size_t lead = MM_PF_BYTES + (c->rows8 ? (size_t)KKV_WT_ROWS * w->row_bytes : 0);
     const uint8_t *pf = base + (size_t)r0 * w->row_bytes;
     const uint8_t *pf_to = (size_t)(stream_end - pf) > lead ? pf + lead : stream_end;
