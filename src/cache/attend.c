@@ -205,23 +205,15 @@ static void run_task(void *arg, int task) {
         for (int p = U->first; p < U->first + U->count; p++) {
             const uint8_t *kp = kkv_kpage_ptr(c, J->s, p, J->layer, h);
             const void *next_k = NULL; /* fp16: the next page's keys, streamed */
-            b.pfk = b.pfv = NULL;
-            if (p + 1 < U->first + U->count) {
-                if (c->fp16) {
-                    next_k = kkv_kpage_ptr(c, J->s, p + 1, J->layer, h);
-                } else {
-                    b.pfk = kkv_kpage_ptr(c, J->s, p + 1, J->layer, h);
-                    b.pfv = p + 1 < n->vp ? kkv_vpage_ptr(c, J->s, p + 1, J->layer, h) : NULL;
-                }
-            } else if (!c->fp16 && p + 1 < n->kp) {
-                /* the next unit's first page: on one thread that is the next
-                 * task, which otherwise starts on a cold page (kitty at 16K,
-                 * one thread: 6-8% faster; two threads, where the other
-                 * worker often has it: no change, and two units ahead was
-                 * slower there) */
-                b.pfk = kkv_kpage_ptr(c, J->s, p + 1, J->layer, h);
-                b.pfv = p + 1 < n->vp ? kkv_vpage_ptr(c, J->s, p + 1, J->layer, h) : NULL;
-            }
+            if (c->fp16 && p + 1 < U->first + U->count) next_k = kkv_kpage_ptr(c, J->s, p + 1, J->layer, h);
+            /* quantized: the next page, past the unit's end too: on one
+             * thread the next unit is the next task, which otherwise starts
+             * on a cold page (kitty at 16K, one thread: 6-8% faster; two
+             * threads, where the other worker often has it: no change, and
+             * two units ahead was slower there) */
+            int pf = !c->fp16 && p + 1 < n->kp;
+            b.pfk = pf ? kkv_kpage_ptr(c, J->s, p + 1, J->layer, h) : NULL;
+            b.pfv = pf && p + 1 < n->vp ? kkv_vpage_ptr(c, J->s, p + 1, J->layer, h) : NULL;
             b.n = G;
             b.k16 = c->fp16 ? (const uint16_t *)(const void *)kp : NULL;
             b.kpage = c->fp16 ? NULL : kp;

@@ -74,7 +74,8 @@ struct kkv_cache {
     int kbits;              /* 2 (the boosted format) or 8 (8-bit key pages) */
     int sink8;              /* the sink is stored as int8 rows (method sink_int8) */
     int srow;               /* uint16 units of one sink row: D fp16, or with sink8
-                               D/2 + 1 (D int8 codes, then the row's fp16 scale) */
+                               D/2 + 1 (D int8 codes, then the row's fp16 scale;
+                               D is a multiple of 4, kkv_method_check) */
     int   *win;             /* [L] window of each layer (0 = all); cfg.layer_window points here, or NULL */
     size_t kpage, vpage;    /* bytes of one key / value page of one head */
     size_t slot_bytes;      /* H * (kpage + vpage): one layer's page p */

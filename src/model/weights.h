@@ -114,7 +114,10 @@ void kkv_q8x_quantize(kkv_q8x *dst, const float *x, int64_t cols);
 /* Internal kernel table (one per impl): dot products of one weight row with
  * nx <= KKV_WT_NX activation vectors. res[j] = row . x_j. A batch decodes
  * each weight block once per group of KKV_WT_NX columns (8: 5% more tok/s
- * at batch 10 than 4; one ymm accumulator per column fits the 16 registers). */
+ * at batch 10 than 4 with the one-row kernels, whose one ymm accumulator per
+ * column fits the 16 registers; the eight-row kernels keep two per column,
+ * which fit the 32 of the AVX-512 VNNI build and spill a few in the AVX2
+ * build, not measured on an AVX2-only CPU). */
 #define KKV_WT_NX 8
 typedef struct kkv_wt_kernels {
     /* quantized types: xq[j] points to [cols/32] blocks */
