@@ -447,6 +447,15 @@ kkv_status kkv_flush(kkv_cache *c, int seq, int layer);
 kkv_status kkv_attend(kkv_cache *c, float *out, int seq, int layer, const float *q,
                       int n_q);
 
+/* kkv_attend of one layer for n sequences at once (a decode step's batch), in
+ * one parallel pass: every sequence's work shares the threads, so short ones
+ * do not leave a thread idle. seqs: [n] (may repeat); q, out: [n][n_q][D],
+ * row block i for seqs[i]. Each block is bit-identical to kkv_attend's for its
+ * sequence. Reads the cache only; keeps no pointer to out, q or seqs. On an
+ * error (message from the first failing check) out is unspecified. */
+kkv_status kkv_attend_batch(kkv_cache *c, float *out, const int *seqs, int n, int layer,
+                            const float *q, int n_q);
+
 /* Sets the channel ranking for KKV_SELECT_EXPLICIT. rank: [D], a permutation of
  * 0..D-1, most important first. */
 kkv_status kkv_cache_set_rank(kkv_cache *c, int layer, int head, const uint8_t *rank);

@@ -2,7 +2,8 @@
  * in double precision over the cache as kkv_seq_read() returns it, for every
  * method, GQA ratios 1/3/4/8, head_dim 64 and 128, odd lengths that end in the
  * sink, in a full unflushed Q-buffer, and past several page groups. Also:
- * bit-identical results for any thread count. The fp32-rounding tolerance
+ * bit-identical results for any thread count, and kkv_attend_batch equal to
+ * kkv_attend sequence by sequence. The fp32-rounding tolerance
  * below is the scalar kernel's: run_case uses it, so this checks the page
  * traversal and merge exactly. The SIMD page kernels work in the integer
  * domain with their own error bound (src/kernels/kernels.h); that agreement, end
@@ -202,6 +203,85 @@ static void test_args(void) {
     kkv_cache_free(c);
 }
 
+/* kkv_attend_batch: sequences of different lengths (in the sink, in the
+ * Q-buffer, past several page groups; one repeated) attended in one pass give,
+ * block by block, exactly kkv_attend's bytes, on 1 and 2 threads, for plain,
+ * rotated, eager and int8-sink methods, and on a windowed layer. Bad calls fail
+ * with the right status. */
+static void test_batch(void) {
+    enum { H = 3, D = 64, NQ = 9, NS = 6, L = 2 };
+    const int lens[NS] = {5, 170, 700, 1400, 2300, 290};
+    const char *specs[] = {"kitty", "fp16", "kitty-pro:rot=hadamard", "kitty:eager=1:sink8=1",
+                           "kivi-k4v2s"};
+    const int win[L] = {0, 300}; /* layer 1 attends to its newest 300 tokens */
+    for (size_t mi = 0; mi < sizeof specs / sizeof *specs; mi++)
+        for (int th = 1; th <= 2; th++) {
+            kkv_method m;
+            if (kkv_method_parse(&m, specs[mi]) != KKV_OK) {
+                CHECK(0, "%s: %s", specs[mi], kkv_last_error());
+                return;
+            }
+            kkv_cache_config cfg = {.n_layers = L, .n_kv_heads = H, .head_dim = D,
+                                    .pool_bytes = 256u << 20, .n_threads = th, .method = m,
+                                    .layer_window = win};
+            kkv_cache *c = NULL;
+            if (kkv_cache_create(&c, &cfg) != KKV_OK) {
+                CHECK(0, "cache_create %s: %s", specs[mi], kkv_last_error());
+                return;
+            }
+            tu_rng r = tu_rng_make(77 + mi);
+            int seqs[NS + 1];
+            float k[H * D], v[H * D];
+            for (int i = 0; i < NS; i++) {
+                kkv_seq_add(c, &seqs[i]);
+                for (int t = 0; t < lens[i]; t++)
+                    for (int l = 0; l < L; l++) {
+                        for (int j = 0; j < H * D; j++) {
+                            k[j] = (j % D == 3 ? 6.0f : 1.5f) * tu_normal(&r);
+                            v[j] = tu_normal(&r);
+                        }
+                        kkv_append(c, seqs[i], l, k, v);
+                        kkv_flush(c, seqs[i], l);
+                    }
+            }
+            seqs[NS] = seqs[2]; /* a repeat: attention only reads */
+            static float q[(NS + 1) * NQ * D], ob[(NS + 1) * NQ * D], o1[NQ * D];
+            for (int i = 0; i < (NS + 1) * NQ * D; i++) q[i] = tu_normal(&r);
+            for (int l = 0; l < L; l++) {
+                CHECK(kkv_attend_batch(c, ob, seqs, NS + 1, l, q, NQ) == KKV_OK,
+                      "%s batch: %s", specs[mi], kkv_last_error());
+                int bad = 0;
+                for (int i = 0; i <= NS; i++) {
+                    CHECK(kkv_attend(c, o1, seqs[i], l, q + (size_t)i * NQ * D, NQ) == KKV_OK,
+                          "%s attend: %s", specs[mi], kkv_last_error());
+                    bad += memcmp(o1, ob + (size_t)i * NQ * D, sizeof o1) != 0;
+                }
+                CHECK(bad == 0, "%s, %d thread(s), layer %d: %d of %d batch blocks differ from "
+                      "kkv_attend", specs[mi], th, l, bad, NS + 1);
+            }
+            if (mi == 0 && th == 1) { /* argument checks */
+                int none = seqs[NS - 1] + 100, empty;
+                kkv_seq_add(c, &empty);
+                int with_bad[2] = {seqs[0], none}, with_empty[2] = {seqs[0], empty};
+                CHECK(kkv_attend_batch(c, ob, with_bad, 2, 0, q, NQ) == KKV_ERR_NOT_FOUND,
+                      "batch with an unknown sequence");
+                CHECK(kkv_attend_batch(c, ob, with_empty, 2, 0, q, NQ) == KKV_ERR_INVALID_ARG,
+                      "batch with an empty sequence");
+                CHECK(kkv_attend_batch(c, ob, seqs, 0, 0, q, NQ) == KKV_ERR_INVALID_ARG, "n 0");
+                CHECK(kkv_attend_batch(c, ob, NULL, 1, 0, q, NQ) == KKV_ERR_INVALID_ARG, "NULL seqs");
+                CHECK(kkv_attend_batch(c, ob, seqs, 1, L, q, NQ) == KKV_ERR_INVALID_ARG, "layer L");
+                CHECK(kkv_attend_batch(c, ob, seqs, 1, 0, q, 4) == KKV_ERR_INVALID_ARG, "n_q 4");
+                CHECK(kkv_attend_batch(NULL, ob, seqs, 1, 0, q, NQ) == KKV_ERR_INVALID_ARG, "NULL cache");
+                float qn[2 * NQ * D];
+                memcpy(qn, q, sizeof qn);
+                qn[NQ * D + 5] = NAN; /* in the second sequence's query */
+                CHECK(kkv_attend_batch(c, ob, seqs, 2, 0, qn, NQ) == KKV_ERR_NONFINITE,
+                      "a NaN in a later sequence's query");
+            }
+            kkv_cache_free(c);
+        }
+}
+
 int main(void) {
     const char *const *names = kkv_method_names();
     const int combos[][2] = {{1, 1}, {2, 1}, {1, 3}, {2, 3}, {1, 4}, {2, 4}, {1, 8}, {4, 8}};
@@ -221,5 +301,6 @@ int main(void) {
     CHECK(st.teeth > 100, "the tolerance did not reject wrong-head references (%d)", st.teeth);
     test_threads();
     test_args();
+    test_batch();
     return tu_summary();
 }

@@ -347,7 +347,8 @@ out:
 }
 
 /* A batch of 10 (more than one group of the matmul's activation columns:
- * 8 + 2; attention on 2 threads): every member's logits equal its single-token forward,
+ * 8 + 2; attention on 2 threads, one pass for all ten): every member's logits
+ * equal its single-token forward,
  * so they do not depend on the batch's composition. */
 #define BATCH_WIDE 10
 static void test_decode_batch_wide(const int32_t *prompt) {
@@ -361,12 +362,15 @@ static void test_decode_batch_wide(const int32_t *prompt) {
     int sa[BATCH_WIDE], sb[BATCH_WIDE];
     int32_t toks[BATCH_WIDE];
     for (int i = 0; i < BATCH_WIDE; i++) {
-        int len = 3 + 2 * i; /* different lengths and positions */
+        /* different lengths and positions; the first two fill their key
+         * Q-buffers in this step (sink 32 + 128, + another 128), so the batch
+         * flushes pages between its attention and the next layer */
+        int len = i == 0 ? 159 : i == 1 ? 287 : 3 + 2 * i;
         CHECK(kkv_seq_add(a, &sa[i]) == KKV_OK && kkv_seq_add(b, &sb[i]) == KKV_OK &&
                   kkv_model_forward(g_m, a, NULL, sa[i], prompt + 7 * i, len, 0) == KKV_OK &&
                   kkv_model_forward(g_m, b, NULL, sb[i], prompt + 7 * i, len, 0) == KKV_OK,
               "prefill %d: %s", i, kkv_last_error());
-        toks[i] = prompt[7 * i + len];
+        toks[i] = prompt[7 * i + len]; /* 7 * 1 + 287 < N_PROMPT */
     }
     CHECK(kkv_model_decode_batch(g_m, a, lb, sa, toks, BATCH_WIDE) == KKV_OK,
           "decode batch of %d: %s", BATCH_WIDE, kkv_last_error());

@@ -9,7 +9,8 @@
  *   --matmul MODEL TENSOR X N OUT  out[N][rows] = x[N][cols] @ W^T (raw f32)
  *   --sizes                        print the block size table
  *   --bench [MODEL]                time matmuls (scalar, AVX2, auto; 1 and 2 threads)
- *   --bench-stream                 the same on matrices larger than the caches */
+ *   --bench-stream                 the same on matrices larger than the caches
+ * (batch sizes: KKV_BENCH_N=1,8,64 to choose, default 1,64) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -320,7 +321,7 @@ static const uint32_t TYPES[] = {KKV_WT_F32,  KKV_WT_F16,  KKV_WT_BF16, KKV_WT_Q
                                  KKV_WT_Q4_K, KKV_WT_Q5_K, KKV_WT_Q6_K};
 
 static void test_kernels(void) {
-    const int ns[] = {1, 3, 17};
+    const int ns[] = {1, 3, 5, 17}; /* 5 and 17: the sixteen-row kernels where the CPU has them */
     const int64_t rows_list[] = {1, 7, 37, 8, 16, 9};
     int have_avx2 = kkv_cpu_get()->avx2;
     kkv_tp *tp3 = NULL;
@@ -336,7 +337,7 @@ static void test_kernels(void) {
                 int64_t rows = rows_list[ri];
                 kkv_weight w;
                 uint8_t *wd = rand_weights(&w, type, rows, cols);
-                for (int ni = 0; ni < 3; ni++) {
+                for (int ni = 0; ni < 4; ni++) {
                     int n = ns[ni];
                     float *x = rand_x(n, cols);
                     float *os = malloc(sizeof(float) * (size_t)n * (size_t)rows);
@@ -558,9 +559,28 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Batch sizes the benches time: KKV_BENCH_N (comma-separated, 1..256) or 1,64. */
+static int bench_ns(int *ns, int cap) {
+    const char *e = getenv("KKV_BENCH_N");
+    int k = 0;
+    for (const char *p = e; p && *p && k < cap;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 256) break;
+        ns[k++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (k == 0) {
+        ns[k++] = 1;
+        ns[k++] = 64;
+    }
+    return k;
+}
+
 static void bench_one(const kkv_weight *w, const char *label) {
-    const int ns[] = {1, 64};
-    for (int ni = 0; ni < 2; ni++) {
+    int ns[16];
+    int n_ns = bench_ns(ns, 16);
+    for (int ni = 0; ni < n_ns; ni++) {
         int n = ns[ni];
         float *x = rand_x(n, w->cols);
         float *out = malloc(sizeof(float) * (size_t)n * (size_t)w->rows);

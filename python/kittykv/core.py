@@ -463,6 +463,26 @@ class Cache(Handle):
                                 n_q), "attend")
         return out
 
+    def attend_batch(self, seqs, layer, q):
+        """attend() of several sequences of one layer in one parallel pass (a
+        decode step's batch). seqs: n sequence ids (may repeat); q:
+        [n][n_q][head_dim]. Returns [n][n_q][head_dim], block i equal to
+        attend(seqs[i], layer, q[i]) bit for bit."""
+        if _lib.attend_batch is None:
+            raise Unsupported("attend_batch: this build of libkittykv has no kkv_attend_batch")
+        D = self._cfg.head_dim
+        sa = np.ascontiguousarray(seqs, dtype=np.int32)
+        qa = _f32(q, "q")
+        if sa.ndim != 1 or sa.size < 1:
+            raise InvalidArgument("attend_batch: seqs must be a non-empty 1-D list")
+        if qa.ndim != 3 or qa.shape[0] != sa.size or qa.shape[2] != D:
+            raise InvalidArgument(f"attend_batch: q must be [{sa.size}][n_q][{D}], got {qa.shape}")
+        out = np.empty(qa.shape, np.float32)  # [n][n_q][D]
+        with self._use() as c:
+            check(_lib.attend_batch(c, out.ctypes.data, sa.ctypes.data, int(sa.size), int(layer),
+                                    qa.ctypes.data, qa.shape[1]), "attend_batch")
+        return out
+
     def set_rank(self, layer, head, rank):
         """Channel ranking for select=oracle methods: a permutation of
         0..head_dim-1, most important first."""

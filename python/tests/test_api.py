@@ -355,3 +355,24 @@ def test_saved_model_sequence_continues_exactly(model, tmp_path):
         assert np.array_equal(model.forward(a, s, nxt), model.forward(b, t, nxt))
         with pytest.raises(kittykv.FormatError):  # the state records the model
             b.load(path)
+
+
+def test_attend_batch_equals_attend_per_sequence():
+    rng = np.random.default_rng(9)
+    H, D = 3, 64
+    with kittykv.Cache(1, H, D, "kitty", 64 << 20) as c:
+        seqs = []
+        for T in (7, 200, 450):
+            s = c.add_sequence()
+            c.extend(s, 0, rng.standard_normal((T, H, D), dtype=np.float32),
+                     rng.standard_normal((T, H, D), dtype=np.float32))
+            seqs.append(s)
+        ids = seqs + [seqs[1]]  # a repeat is fine: attention only reads
+        q = rng.standard_normal((len(ids), 3 * H, D), dtype=np.float32)
+        out = c.attend_batch(ids, 0, q)
+        for i, s in enumerate(ids):
+            assert np.array_equal(out[i], c.attend(s, 0, q[i]))
+        with pytest.raises(kittykv.InvalidArgument):
+            c.attend_batch(ids, 0, q[:2])
+        with pytest.raises(kittykv.NotFound):
+            c.attend_batch([seqs[0], 999], 0, q[:2])

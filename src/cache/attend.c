@@ -41,15 +41,25 @@ typedef struct unit {
     int skip;  /* leading tokens of the unit's first block before a layer's window */
 } unit;
 
-typedef struct job {
-    kkv_cache      *c;
+/* One sequence of an attention pass: its units and where its partials go. */
+typedef struct seqwork {
     const kkv_seq  *s;
-    int             layer, n_rep, n_units;
     kkv_counts      cnt;
     const unit     *units;  /* [n_units] */
+    int             n_units;
+    int             task0;  /* its first task: tasks task0 .. task0 + H n_units - 1 */
     const float    *q;      /* [H][n_rep][D] */
     float          *acc;    /* [H][n_units][n_rep][D] partial outputs */
     float          *ml;     /* [H][n_units][n_rep][2] partial max and sum */
+} seqwork;
+
+/* One pass over one layer of n_seqs sequences: a single pool job whose tasks
+ * are every (sequence, head, unit), so a decode batch's short sequences keep
+ * both threads busy instead of each ending in its own half-idle tail. */
+typedef struct job {
+    kkv_cache      *c;
+    int             layer, n_rep, n_seqs;
+    const seqwork  *w;      /* [n_seqs], task0 increasing */
     atomic_int      oom;    /* a task could not get its score scratch */
 } job;
 
@@ -162,16 +172,30 @@ static void block_values(const kkv_cache *c, block *b, const kkv_seq *s, int l, 
     }
 }
 
+/* The sequence whose tasks include `task`: the last with task0 <= task. */
+static const seqwork *work_of(const job *J, int task) {
+    int lo = 0, hi = J->n_seqs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (J->w[mid].task0 <= task) lo = mid;
+        else hi = mid - 1;
+    }
+    return &J->w[lo];
+}
+
 static void run_task(void *arg, int task) {
     job *J = arg;
     const kkv_cache *c = J->c;
-    int h = task / J->n_units, u = task % J->n_units, D = c->D, G = c->G;
-    const unit *U = &J->units[u];
-    const kkv_counts *n = &J->cnt;
-    const float *q = J->q + (size_t)h * J->n_rep * D;
-    size_t tu = (size_t)h * J->n_units + u;
-    float *acc = J->acc + tu * J->n_rep * D;
-    float *ml = J->ml + tu * J->n_rep * 2;
+    const seqwork *W = work_of(J, task);
+    int k = task - W->task0, D = c->D, G = c->G;
+    int h = k / W->n_units, u = k % W->n_units;
+    const unit *U = &W->units[u];
+    const kkv_counts *n = &W->cnt;
+    const kkv_seq *s = W->s;
+    const float *q = W->q + (size_t)h * J->n_rep * D;
+    size_t tu = (size_t)h * W->n_units + u;
+    float *acc = W->acc + tu * J->n_rep * D;
+    float *ml = W->ml + tu * J->n_rep * 2;
     float stack_sc[STACK_SCORES];
     size_t sc_n = (size_t)J->n_rep * G;
     float *sc = sc_n <= STACK_SCORES ? stack_sc : malloc(sc_n * sizeof *sc); /* [n_rep][G] */
@@ -190,8 +214,8 @@ static void run_task(void *arg, int task) {
     if (U->kind == 0) { /* sink, in runs of at most G */
         for (int t = U->first; t < U->first + U->count; t += G) {
             b.n = U->first + U->count - t < G ? U->first + U->count - t : G;
-            const uint16_t *sk = kkv_sink_k(c, J->s, J->layer, h) + (size_t)t * c->srow;
-            const uint16_t *sv = kkv_sink_v(c, J->s, J->layer, h) + (size_t)t * c->srow;
+            const uint16_t *sk = kkv_sink_k(c, s, J->layer, h) + (size_t)t * c->srow;
+            const uint16_t *sv = kkv_sink_v(c, s, J->layer, h) + (size_t)t * c->srow;
             int i8 = c->sink8;
             b.k16 = i8 ? NULL : sk;
             b.v16 = i8 ? NULL : sv;
@@ -203,79 +227,62 @@ static void run_task(void *arg, int task) {
         }
     } else if (U->kind == 1) {
         for (int p = U->first; p < U->first + U->count; p++) {
-            const uint8_t *kp = kkv_kpage_ptr(c, J->s, p, J->layer, h);
+            const uint8_t *kp = kkv_kpage_ptr(c, s, p, J->layer, h);
             const void *next_k = NULL; /* fp16: the next page's keys, streamed */
-            if (c->fp16 && p + 1 < U->first + U->count) next_k = kkv_kpage_ptr(c, J->s, p + 1, J->layer, h);
+            if (c->fp16 && p + 1 < U->first + U->count) next_k = kkv_kpage_ptr(c, s, p + 1, J->layer, h);
             /* quantized: the next page, past the unit's end too: on one
              * thread the next unit is the next task, which otherwise starts
              * on a cold page (kitty at 16K, one thread: 6-8% faster; two
              * threads, where the other worker often has it: no change, and
              * two units ahead was slower there) */
             int pf = !c->fp16 && p + 1 < n->kp;
-            b.pfk = pf ? kkv_kpage_ptr(c, J->s, p + 1, J->layer, h) : NULL;
-            b.pfv = pf && p + 1 < n->vp ? kkv_vpage_ptr(c, J->s, p + 1, J->layer, h) : NULL;
+            b.pfk = pf ? kkv_kpage_ptr(c, s, p + 1, J->layer, h) : NULL;
+            b.pfv = pf && p + 1 < n->vp ? kkv_vpage_ptr(c, s, p + 1, J->layer, h) : NULL;
             b.n = G;
             b.k16 = c->fp16 ? (const uint16_t *)(const void *)kp : NULL;
             b.kpage = c->fp16 ? NULL : kp;
-            b.knb = c->fp16 ? 0 : kkv_kpage_nb(c, J->s, p, J->layer, h);
-            block_values(c, &b, J->s, J->layer, h, n, p * G);
+            b.knb = c->fp16 ? 0 : kkv_kpage_nb(c, s, p, J->layer, h);
+            block_values(c, &b, s, J->layer, h, n, p * G);
             attend_block(c, acc, ml, sc, q, J->n_rep, &b, p == U->first ? U->skip : 0, next_k);
         }
     } else { /* key Q-buffer; its values are in the value tail */
         b.n = U->count;
-        b.k16 = kkv_ktail(c, J->s, J->layer, h);
+        b.k16 = kkv_ktail(c, s, J->layer, h);
         b.kpage = NULL;
-        block_values(c, &b, J->s, J->layer, h, n, n->kp * G);
+        block_values(c, &b, s, J->layer, h, n, n->kp * G);
         attend_block(c, acc, ml, sc, q, J->n_rep, &b, U->skip, NULL);
     }
     if (sc != stack_sc) free(sc);
 }
 
-kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *s, int layer,
-                           const float *q, int n_q) {
-    kkv_counts n = kkv_counts_of(c, s, layer);
-    int D = c->D, n_rep = n_q / c->H;
-    /* units: sink, page groups, tail */
-    int max_units = 2 + (n.kp + PAGES_PER_UNIT - 1) / PAGES_PER_UNIT; /* a bound with a window too */
-    unit stack_units[64];
-    unit *units = max_units <= 64 ? stack_units : malloc((size_t)max_units * sizeof *units);
-    if (!units) return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory");
+/* The units of one sequence's layer; they depend only on its length (and
+ * the layer's window). units: room for unit_bound(n). Returns the count.
+ * A windowed layer starts at token n.first: sink tokens before it are left
+ * out, pages wholly before it skipped (or released), and the block it falls
+ * in masks its leading tokens. */
+static int unit_bound(const kkv_counts *n) {
+    return 2 + (n->kp + PAGES_PER_UNIT - 1) / PAGES_PER_UNIT; /* a bound with a window too */
+}
+
+static int units_of(unit *units, const kkv_cache *c, const kkv_counts *n) {
     int nu = 0;
-    /* A windowed layer starts at token n.first: sink tokens before it are
-     * left out, pages wholly before it skipped (or released), and the block
-     * it falls in masks its leading tokens. Units still depend only on the
-     * length, so the result stays independent of the thread count. */
-    int f = n.first, S = n.sink, G = c->G;
+    int f = n->first, S = n->sink, G = c->G;
     if (f < S) units[nu++] = (unit){0, f, S - f, 0};
     int fp = f > S ? (f - S) / G : 0; /* first page with a token in the window */
     int pskip = f > S ? (f - S) % G : 0;
-    if (fp > n.kp) fp = n.kp; /* f is in the key Q-buffer */
-    for (int p = fp; p < n.kp; p += PAGES_PER_UNIT)
-        units[nu++] = (unit){1, p, n.kp - p < PAGES_PER_UNIT ? n.kp - p : PAGES_PER_UNIT,
+    if (fp > n->kp) fp = n->kp; /* f is in the key Q-buffer */
+    for (int p = fp; p < n->kp; p += PAGES_PER_UNIT)
+        units[nu++] = (unit){1, p, n->kp - p < PAGES_PER_UNIT ? n->kp - p : PAGES_PER_UNIT,
                              p == fp ? pskip : 0};
-    int t0 = S + n.kp * G; /* first token of the key Q-buffer */
-    if (n.ktail) units[nu++] = (unit){2, 0, n.ktail, f > t0 ? f - t0 : 0};
+    int t0 = S + n->kp * G; /* first token of the key Q-buffer */
+    if (n->ktail) units[nu++] = (unit){2, 0, n->ktail, f > t0 ? f - t0 : 0};
+    return nu;
+}
 
-    size_t acc_n = (size_t)c->H * nu * n_rep * D, ml_n = (size_t)c->H * nu * n_rep * 2;
-    if (acc_n + ml_n > c->attn_cap) {
-        /* kept in the cache: decode calls this per layer per token */
-        float *nb = realloc(c->attn_buf, (acc_n + ml_n) * sizeof *nb);
-        if (!nb) {
-            if (units != stack_units) free(units);
-            return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory");
-        }
-        c->attn_buf = nb;
-        c->attn_cap = acc_n + ml_n;
-    }
-    float *buf = c->attn_buf;
-    job J = {c, s, layer, n_rep, nu, n, units, q, buf, buf + acc_n, 0};
-    kkv_tp_run(c->tp, c->H * nu, run_task, &J);
-    if (atomic_load(&J.oom)) {
-        if (units != stack_units) free(units);
-        return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory for scores");
-    }
-
-    /* merge partials in unit order */
+/* out [n_rep][D] of each KV head of one sequence: its partials merged in unit
+ * order, so the result does not depend on which thread ran which unit. */
+static void merge_partials(const kkv_cache *c, float *out, const seqwork *W, int n_rep) {
+    int D = c->D, nu = W->n_units;
     for (int h = 0; h < c->H; h++) {
         for (int r = 0; r < n_rep; r++) {
             float *o = out + ((size_t)h * n_rep + r) * D;
@@ -283,8 +290,8 @@ kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *s, int layer
             for (int j = 0; j < D; j++) o[j] = 0.0f;
             for (int u = 0; u < nu; u++) {
                 size_t i = ((size_t)h * nu + u) * n_rep + r;
-                const float *p = J.acc + i * D;
-                float pm = J.ml[2 * i], pl = J.ml[2 * i + 1];
+                const float *p = W->acc + i * D;
+                float pm = W->ml[2 * i], pl = W->ml[2 * i + 1];
                 float mx = pm > m ? pm : m;
                 float a = expf(m - mx), b = expf(pm - mx);
                 for (int j = 0; j < D; j++) o[j] = o[j] * a + p[j] * b;
@@ -295,6 +302,59 @@ kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *s, int layer
             for (int j = 0; j < D; j++) o[j] *= inv;
         }
     }
-    if (units != stack_units) free(units);
+}
+
+/* Grows a cache-held scratch to at least `bytes` (kept: decode calls attend
+ * per layer per token). */
+static kkv_status grow(void **buf, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return KKV_OK;
+    void *nb = realloc(*buf, bytes);
+    if (!nb) return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory");
+    *buf = nb;
+    *cap = bytes;
+    return KKV_OK;
+}
+
+kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *const *ss, int n_seqs,
+                           int layer, const float *q, int n_q) {
+    int D = c->D, n_rep = n_q / c->H;
+    size_t row = (size_t)n_q * D; /* floats of one sequence's q and out */
+    /* plan: per sequence its counts and units, laid out one after another */
+    size_t n_units = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        kkv_counts n = kkv_counts_of(c, ss[i], layer);
+        n_units += (size_t)unit_bound(&n);
+    }
+    size_t plan_bytes = (size_t)n_seqs * sizeof(seqwork) + n_units * sizeof(unit);
+    KKV_TRY(grow(&c->attn_plan, &c->attn_plan_cap, plan_bytes));
+    seqwork *w = c->attn_plan; /* [n_seqs] */
+    unit *units = (unit *)(void *)(w + n_seqs); /* [n_units] (unit holds ints only) */
+    size_t parts = 0; /* partial states (one per head, unit and query head) */
+    int tasks = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        seqwork *W = &w[i];
+        W->s = ss[i];
+        W->cnt = kkv_counts_of(c, ss[i], layer);
+        W->units = units;
+        W->n_units = units_of(units, c, &W->cnt);
+        W->task0 = tasks;
+        W->q = q + (size_t)i * row;
+        units += W->n_units;
+        tasks += c->H * W->n_units;
+        parts += (size_t)c->H * W->n_units * n_rep;
+    }
+    KKV_TRY(grow(&c->attn_buf, &c->attn_bytes, parts * (size_t)(D + 2) * sizeof(float)));
+    float *acc = c->attn_buf, *ml = acc + parts * D; /* [parts][D], [parts][2] */
+    for (int i = 0; i < n_seqs; i++) {
+        size_t pi = (size_t)c->H * w[i].n_units * n_rep;
+        w[i].acc = acc;
+        w[i].ml = ml;
+        acc += pi * D;
+        ml += pi * 2;
+    }
+    job J = {c, layer, n_rep, n_seqs, w, 0};
+    kkv_tp_run(c->tp, tasks, run_task, &J);
+    if (atomic_load(&J.oom)) return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory for scores");
+    for (int i = 0; i < n_seqs; i++) merge_partials(c, out + (size_t)i * row, &w[i], n_rep);
     return KKV_OK;
 }

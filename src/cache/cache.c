@@ -128,6 +128,7 @@ void kkv_cache_free(kkv_cache *c) {
     free(c->tile);
     free(c->bscore);
     free(c->attn_buf);
+    free(c->attn_plan);
     free(c->win);
     free(c->krot);
     free(c->vrot);
@@ -929,29 +930,51 @@ kkv_status kkv_append(kkv_cache *c, int seq, int layer, const float *k, const fl
     return KKV_OK;
 }
 
-kkv_status kkv_attend(kkv_cache *c, float *out, int seq, int layer, const float *q, int n_q) {
-    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "attend: NULL cache");
+/* The live, usable, non-empty sequence `seq` of an attend call. */
+static kkv_status attend_seq(const kkv_cache *c, const kkv_seq **out, int seq, int layer) {
     kkv_seq *s = kkv_seq_get(c, seq);
     if (!s) return kkv_fail(KKV_ERR_NOT_FOUND, "attend: no sequence %d", seq);
     KKV_TRY(kkv_seq_check_usable(s, seq, "attend"));
+    if (s->ly[layer].len == 0)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "attend: sequence %d layer %d is empty", seq, layer);
+    *out = s;
+    return KKV_OK;
+}
+
+#define ATTEND_STACK_SEQS 64
+
+kkv_status kkv_attend_batch(kkv_cache *c, float *out, const int *seqs, int n, int layer,
+                            const float *q, int n_q) {
+    if (!c) return kkv_fail(KKV_ERR_INVALID_ARG, "attend: NULL cache");
+    if (!seqs || n < 1)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "attend: %s", !seqs ? "NULL seqs" : "no sequences");
     if (layer < 0 || layer >= c->L)
         return kkv_fail(KKV_ERR_INVALID_ARG, "attend: layer %d not in 0..%d", layer, c->L - 1);
     if (!out || !q || n_q < c->H || n_q % c->H)
         return kkv_fail(KKV_ERR_INVALID_ARG,
                         "attend: n_q %d must be a positive multiple of n_kv_heads %d", n_q, c->H);
-    if (s->ly[layer].len == 0)
-        return kkv_fail(KKV_ERR_INVALID_ARG, "attend: sequence %d layer %d is empty", seq, layer);
-    KKV_TRY(check_finite(q, (size_t)n_q * c->D, "attend: query"));
-    if (c->krot) { /* Rq . Rk = q . k: the query joins the keys' space */
-        KKV_TRY(rot_scratch(c, (size_t)n_q * c->D));
-        for (int r = 0; r < n_q; r++)
-            kkv_rot_apply(c->rot_buf + (size_t)r * c->D, c->krot, q + (size_t)r * c->D, c->D);
+    const kkv_seq *stack_ss[ATTEND_STACK_SEQS];
+    const kkv_seq **ss = n <= ATTEND_STACK_SEQS ? stack_ss : malloc((size_t)n * sizeof *ss); /* [n] */
+    if (!ss) return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory");
+    size_t nq = (size_t)n * (size_t)n_q; /* query rows of the call */
+    kkv_status st = KKV_OK;
+    for (int i = 0; i < n && st == KKV_OK; i++) st = attend_seq(c, &ss[i], seqs[i], layer);
+    if (st == KKV_OK) st = check_finite(q, nq * c->D, "attend: query");
+    if (st == KKV_OK && c->krot) { /* Rq . Rk = q . k: the query joins the keys' space */
+        st = rot_scratch(c, nq * c->D);
+        for (size_t r = 0; r < nq && st == KKV_OK; r++)
+            kkv_rot_apply(c->rot_buf + r * c->D, c->krot, q + r * c->D, c->D);
         q = c->rot_buf;
     }
-    KKV_TRY(kkv_attend_impl(c, out, s, layer, q, n_q));
+    if (st == KKV_OK) st = kkv_attend_impl(c, out, ss, n, layer, q, n_q);
     /* sum_t p_t R v_t = R out: one R^T per head restores the output */
-    if (c->vrot) kkv_rot_back_rows(out, c->vrot, n_q, c->D);
-    return KKV_OK;
+    if (st == KKV_OK && c->vrot) kkv_rot_back_rows(out, c->vrot, (int)nq, c->D);
+    if (ss != stack_ss) free(ss);
+    return st;
+}
+
+kkv_status kkv_attend(kkv_cache *c, float *out, int seq, int layer, const float *q, int n_q) {
+    return kkv_attend_batch(c, out, &seq, 1, layer, q, n_q);
 }
 
 kkv_status kkv_cache_set_rank(kkv_cache *c, int layer, int head, const uint8_t *rank) {

@@ -93,8 +93,13 @@ struct kkv_cache {
     kkv_seq  *seqs;         /* [max_seqs] */
     uint8_t  *rank;         /* [L][H][D] explicit ranking, or NULL */
     float    *tile;         /* [G][D] flush scratch */
-    float    *attn_buf;     /* [attn_cap] attention partials, grown on demand */
-    size_t    attn_cap;
+    /* attention scratch, grown on demand and kept (decode attends per layer
+     * per token): partial outputs and softmax states, and the pass's plan
+     * (per sequence its counts and units) */
+    void     *attn_buf;     /* [attn_bytes] floats */
+    size_t    attn_bytes;
+    void     *attn_plan;    /* [attn_plan_cap] bytes */
+    size_t    attn_plan_cap;
     /* beyond the paper (docs/FORMAT.md section 5) */
     float    *krot, *vrot;  /* [D][D] key / value rotation (stored = R x), or NULL */
     /* budget=head|err: a slot is [H value pages][H key pages of nb_h rows
@@ -267,8 +272,9 @@ kkv_seq   *kkv_seq_get(const kkv_cache *c, int seq);
 /* KKV_ERR_INVALID_ARG "what: sequence N ... free it" if s is marked failed. */
 kkv_status kkv_seq_check_usable(const kkv_seq *s, int seq, const char *what);
 
-/* Fused decode attention (attn.c). */
-kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *s, int layer,
-                           const float *q, int n_q);
+/* Fused decode attention of one layer of n_seqs sequences in one pool job
+ * (attend.c). out, q: [n_seqs][n_q][D]; arguments already checked. */
+kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *const *ss, int n_seqs,
+                           int layer, const float *q, int n_q);
 
 #endif

@@ -26,6 +26,7 @@ typedef struct chunk {
     int            n;      /* 1..KKV_MODEL_CHUNK */
     float         *logits; /* [n_out][n_vocab] or NULL */
     int            first_out; /* rows first_out..n-1 produce logits */
+    int            distinct;  /* every row a different sequence (a decode batch) */
 } chunk;
 
 static kkv_status check_cache(const kkv_model *m, const kkv_cache *c) {
@@ -148,15 +149,23 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
                 for (int j = 0; j < QD; j++) q[j] *= m->q_scale;
         }
         /* Token by token, so each token sees the cache exactly as a
-         * single-token call would have left it. */
+         * single-token call would have left it. Rows of different sequences
+         * do not see each other, so a decode batch appends them all, attends
+         * in one pass (one pool job, not one per sequence) and flushes: each
+         * sequence gets the same calls in the same order. */
         for (int i = 0; i < n; i++) {
             int seq = ch->seqs[i];
             if (m->hook)
                 m->hook(m->hook_user, seq, l, w->pos[i], row(w->q, i, QD), row(w->k, i, KD),
                         row(w->v, i, KD));
             KKV_TRY(kkv_append(c, seq, l, row(w->k, i, KD), row(w->v, i, KD)));
+            if (ch->distinct) continue;
             KKV_TRY(kkv_attend(c, row(w->att, i, QD), seq, l, row(w->q, i, QD), in->n_heads));
             KKV_TRY(kkv_flush(c, seq, l));
+        }
+        if (ch->distinct) {
+            KKV_TRY(kkv_attend_batch(c, w->att, ch->seqs, n, l, w->q, in->n_heads));
+            for (int i = 0; i < n; i++) KKV_TRY(kkv_flush(c, ch->seqs[i], l));
         }
         KKV_TRY(mm(m, w->proj, &L->wo, w->att, n));
         if (L->post_attn_norm) /* gemma3: the block output is normed before the add */
@@ -223,7 +232,7 @@ kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
     for (int done = 0; done < n;) {
         int cn = n - done < KKV_MODEL_CHUNK ? n - done : KKV_MODEL_CHUNK;
         int last = done + cn == n;
-        chunk ch = {seqs, tokens + done, cn, NULL, cn};
+        chunk ch = {seqs, tokens + done, cn, NULL, cn, 0};
         if (logits && all_logits) {
             ch.logits = logits + (size_t)done * V;
             ch.first_out = 0;
@@ -273,7 +282,7 @@ kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
     for (int done = 0; done < n && s == KKV_OK;) {
         int cn = n - done < KKV_MODEL_CHUNK ? n - done : KKV_MODEL_CHUNK;
         chunk ch = {seqs + done, tokens + done, cn, logits ? logits + (size_t)done * V : NULL,
-                    0};
+                    0, 1};
         for (int i = 0; i < cn; i++) m->w.pos[i] = lens[done + i];
         started = 1;
         s = run_chunk(m, c, &ch);

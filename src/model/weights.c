@@ -529,7 +529,7 @@ static void scalar_dot_f(float *res, uint32_t type, const void *row, int64_t col
     }
 }
 
-const kkv_wt_kernels kkv_wt_kernels_scalar = {scalar_dot_q, scalar_dot_f, kkv_q8x_quantize, NULL};
+const kkv_wt_kernels kkv_wt_kernels_scalar = {scalar_dot_q, scalar_dot_f, kkv_q8x_quantize, NULL, NULL};
 
 /* ---- matmul driver ---- */
 
@@ -544,7 +544,9 @@ typedef struct mm_ctx {
     float                *row_f;   /* KKV_WT_IMPL_F32: [tasks][cols] scratch, else NULL */
     int64_t               big_rows; /* rows of each of the first n_big tasks */
     int                   n_big;
-    int                   rows8;   /* k->dot_q_rows covers w->type (and xq is set) */
+    int                   row_block; /* rows per kernel call: KKV_WT_ROWS or KKV_WT_ROWS16
+                                        where the table's row kernels cover w->type (and
+                                        xq is set), else 0 (dot_q row by row) */
 } mm_ctx;
 
 static int is_quant(uint32_t type) { return type != KKV_WT_F32 && type != KKV_WT_F16 && type != KKV_WT_BF16; }
@@ -556,6 +558,14 @@ static int is_quant(uint32_t type) { return type != KKV_WT_F32 && type != KKV_WT
  * the kernels compute each (row, x) pair with the same operations for any nx
  * and any neighbours. */
 #define MM_ROW_TILE 16
+
+/* Batches of at least this many x vectors take the sixteen-row kernels where
+ * the table has them: there the matmul is compute-bound and they are 1.35x
+ * faster. A single x vector streams the weights from DRAM, and sixteen rows
+ * side by side streamed them 30% slower than eight (decode at depth 0, 175
+ * vs 119 tok/s on one thread); at 2 the two were level within the noise.
+ * Only speed depends on this: both give the scalar kernels' bits. */
+#define MM_ROWS16_MIN_N 4
 
 /* Software prefetch of the weight stream: the first MM_PF_BYTES of a task at
  * once, then MM_PF_BYTES ahead of the next row. A task is a short stream (12-26
@@ -579,10 +589,10 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
     const uint8_t *base = (const uint8_t *)w->data;
     const uint8_t *stream_end = base + (size_t)r1 * w->row_bytes;
     /* the head of the task's stream at once, then `lead` ahead of the next
-     * row; the eight-row kernels read a block's rows side by side, so their
-     * lead covers the whole next block of rows, and they spread each range
-     * over their blocks */
-    const size_t lead = MM_PF_BYTES + (c->rows8 ? (size_t)KKV_WT_ROWS * w->row_bytes : 0);
+     * row; the row-block kernels (8 or 16 rows) read a block's rows side by
+     * side, so their lead covers the whole next block of rows, and they
+     * spread each range over their blocks */
+    const size_t lead = MM_PF_BYTES + (size_t)c->row_block * w->row_bytes;
     const uint8_t *pf = base + (size_t)r0 * w->row_bytes;
     const uint8_t *pf_to = (size_t)(stream_end - pf) > lead ? pf + lead : stream_end;
     prefetch_range(pf, pf_to);
@@ -599,25 +609,28 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
             }
             for (int64_t r = t0; r < t1;) {
                 /* eight rows at once where the kernels cover the type, else one */
-                int nr = c->rows8 ? (int)(t1 - r < KKV_WT_ROWS ? t1 - r : KKV_WT_ROWS) : 1;
+                int nr = c->row_block ? (int)(t1 - r < c->row_block ? t1 - r : c->row_block) : 1;
                 const uint8_t *row = base + (size_t)r * w->row_bytes;
                 const uint8_t *pf_from = pf;
                 if (pf < stream_end) { /* keep `lead` ahead of the rows after these */
                     const uint8_t *next = row + (size_t)nr * w->row_bytes;
                     pf_to = (size_t)(stream_end - next) > lead ? next + lead : stream_end;
                     if (pf_to > pf) {
-                        if (!c->rows8) prefetch_range(pf, pf_to); /* else the kernel spreads it */
+                        if (!c->row_block) prefetch_range(pf, pf_to); /* else the kernel spreads it */
                         pf = pf_to;
                     }
                 }
-                float res[KKV_WT_NX * KKV_WT_ROWS]; /* [nx][KKV_WT_ROWS] or [nx] */
-                if (c->rows8) {
-                    const uint8_t *rp[KKV_WT_ROWS];
-                    for (int i = 0; i < KKV_WT_ROWS; i++) rp[i] = row + (size_t)(i < nr ? i : 0) * w->row_bytes;
-                    c->k->dot_q_rows(res, w->type, rp, w->cols, xq, nx, pf_from, pf);
+                float res[KKV_WT_NX * KKV_WT_ROWS16]; /* [nx][row_block] or [nx] */
+                if (c->row_block) {
+                    const uint8_t *rp[KKV_WT_ROWS16];
+                    for (int i = 0; i < c->row_block; i++) rp[i] = row + (size_t)(i < nr ? i : 0) * w->row_bytes;
+                    if (c->row_block == KKV_WT_ROWS16)
+                        c->k->dot_q_rows16(res, w->type, rp, w->cols, xq, nx, pf_from, pf);
+                    else
+                        c->k->dot_q_rows(res, w->type, rp, w->cols, xq, nx, pf_from, pf);
                     for (int j = 0; j < nx; j++)
                         for (int i = 0; i < nr; i++)
-                            c->out[(size_t)(j0 + j) * (size_t)w->rows + (size_t)(r + i)] = res[KKV_WT_ROWS * j + i];
+                            c->out[(size_t)(j0 + j) * (size_t)w->rows + (size_t)(r + i)] = res[c->row_block * j + i];
                 } else {
                     if (c->xq) c->k->dot_q(res, w->type, row, w->cols, xq, nx);
                     else c->k->dot_f(res, w->type, row, w->cols, xf, nx);
@@ -712,14 +725,16 @@ static int64_t rows_per_task(const kkv_tp *tp, int64_t rows, int n) {
 }
 
 /* The matmul of w against n x vectors (xq: their blocks, NULL for F32/F16)
- * with kernels k, before its task plan. With the eight-row kernels a task
+ * with kernels k, before its task plan. With the row-block kernels a task
  * is a whole number of row blocks where it can be (a tail block costs as
  * much as a full one). Only speed depends on the task sizes. */
 static mm_ctx mm_make(const kkv_wt_kernels *k, const kkv_weight *w, float *out, const float *x,
                       const kkv_q8x *xq, int n, const kkv_tp *tp) {
     mm_ctx c = {k, w, out, x, xq, n, rows_per_task(tp, w->rows, n), NULL, 0, 0, 0};
-    c.rows8 = xq && k->dot_q_rows && k->dot_q_rows(NULL, w->type, NULL, 0, NULL, 0, NULL, NULL);
-    if (c.rows8) c.rows_per_task = (c.rows_per_task + KKV_WT_ROWS - 1) / KKV_WT_ROWS * KKV_WT_ROWS;
+    int r8 = xq && k->dot_q_rows && k->dot_q_rows(NULL, w->type, NULL, 0, NULL, 0, NULL, NULL);
+    int r16 = xq && k->dot_q_rows16 && k->dot_q_rows16(NULL, w->type, NULL, 0, NULL, 0, NULL, NULL);
+    c.row_block = r16 && n >= MM_ROWS16_MIN_N ? KKV_WT_ROWS16 : r8 ? KKV_WT_ROWS : 0;
+    if (c.row_block) c.rows_per_task = (c.rows_per_task + c.row_block - 1) / c.row_block * c.row_block;
     return c;
 }
 
@@ -740,7 +755,7 @@ static int64_t plan_big(mm_ctx *c, const kkv_tp *tp) {
     c->big_rows = 0;
     if (threads > 1) {
         int64_t big = rows * BIG_PCT / 100 / threads;
-        if (c->rows8) big -= big % KKV_WT_ROWS;
+        if (c->row_block) big -= big % c->row_block;
         if (big >= 2 * c->rows_per_task) { /* else small tasks alone balance as well */
             c->n_big = threads;
             c->big_rows = big;

@@ -115,7 +115,7 @@ void kkv_q8x_quantize(kkv_q8x *dst, const float *x, int64_t cols);
  * nx <= KKV_WT_NX activation vectors. res[j] = row . x_j. A batch decodes
  * each weight block once per group of KKV_WT_NX columns (8: 5% more tok/s
  * at batch 10 than 4 with the one-row kernels, whose one ymm accumulator per
- * column fits the 16 registers; the eight-row kernels keep two per column,
+ * column fits the 16 registers; the row-block kernels keep two per column,
  * which fit the 32 of the AVX-512 VNNI build and spill a few in the AVX2
  * build, not measured on an AVX2-only CPU). */
 #define KKV_WT_NX 8
@@ -136,8 +136,13 @@ typedef struct kkv_wt_kernels {
      * kernels' bits. */
     int (*dot_q_rows)(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,
                       const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end);
+    /* The same for KKV_WT_ROWS16 rows (res[j * KKV_WT_ROWS16 + r]), where the
+     * table has 512-bit registers; NULL elsewhere. Same bits. */
+    int (*dot_q_rows16)(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,
+                        const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end);
 } kkv_wt_kernels;
 #define KKV_WT_ROWS 8
+#define KKV_WT_ROWS16 16
 
 extern const kkv_wt_kernels kkv_wt_kernels_scalar;
 #if defined(__x86_64__) || defined(__i386__)

@@ -426,6 +426,11 @@ static void avx2_quantize(kkv_q8x *dst, const float *x, int64_t cols) {
     }
 }
 
-const kkv_wt_kernels KKV_WT_TABLE = {avx2_dot_q, avx2_dot_f, avx2_quantize, avx2_dot_q_rows};
+#ifdef KKV_WT_ZMM
+const kkv_wt_kernels KKV_WT_TABLE = {avx2_dot_q, avx2_dot_f, avx2_quantize, avx2_dot_q_rows,
+                                     zmm_dot_q_rows16};
+#else
+const kkv_wt_kernels KKV_WT_TABLE = {avx2_dot_q, avx2_dot_f, avx2_quantize, avx2_dot_q_rows, NULL};
+#endif
 
 #endif

@@ -70,7 +70,9 @@ void kkv_rank_channels(uint8_t *order, const float *k, int D, int G, kkv_select 
  * half the time in the other: the pair is boosted as a unit. */
 void kkv_rank_pairs(uint8_t *order, const float *k, int D, int G, kkv_select sel, int neox,
                     int rope_dims) {
-    float score[KKV_MAX_HEAD_DIM], pscore[KKV_MAX_HEAD_DIM]; /* [D] channel, [n_pairs] pair */
+    /* [D] channel, [n_pairs] pair; pscore zeroed only because GCC at -O2
+     * cannot see that the sort reads just the np entries written */
+    float score[KKV_MAX_HEAD_DIM], pscore[KKV_MAX_HEAD_DIM] = {0};
     uint8_t first[KKV_MAX_HEAD_DIM], second[KKV_MAX_HEAD_DIM], porder[KKV_MAX_HEAD_DIM];
     kkv_score_channels(score, k, D, G, sel);
     int R = rope_dims > 0 && rope_dims <= D ? rope_dims & ~1 : D, half = R / 2, np = 0;

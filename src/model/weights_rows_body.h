@@ -1,0 +1,114 @@
+/* The body of the row-block kernels (weights_rows_impl.h includes it once
+ * per register width, RW_N rows of one lane each): RW_FN(res, type, rp, nb,
+ * xq, nx, pf, pf_end) sets res[j * RW_N + r] = row r . x_j for the RW_N rows
+ * rp and nx x vectors, with the scalar reference's arithmetic per lane
+ * (weights_rows_impl.h says how). The includer defines the RW_ names: the
+ * vector types, their intrinsics, RW_ROWS_T (transposed code bytes) and
+ * RW_ROWS_F16 (one fp16 per row), RW_DPBUSD where vpdpbusd is there; they
+ * are undefined at the end. */
+
+/* acc = acc + (d_w * d_x) * (float)sumi, lane by lane, rounded as the scalar
+ * code rounds it. */
+#define RW_ADD_BLOCK(acc, dw, x, sumi) RW_ADDF(acc, RW_MUL(RW_MUL(dw, RW_SETF((x)->d)), RW_CVT(sumi)))
+/* Four bytes of an x block, in every lane. */
+#define RW_X4(x, i) RW_SET32(ld32((const uint8_t *)(x)->q + 4 * (i)))
+
+static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t type,
+                                                        const uint8_t *const *rp, int64_t nb,
+                                                        const kkv_q8x *const *xq, const int nx,
+                                                        const uint8_t *pf, const uint8_t *pf_end) {
+    /* the caller's prefetch range, a few lines per block: issued at once, a
+     * block of long rows (8 x 960 B for a 1536-column Q4_1) stalled on the
+     * miss buffers and streamed at 0.6x the one-row kernel's rate */
+    const int64_t pf_lines = pf < pf_end ? (pf_end - pf + 63) / 64 : 0;
+    const int64_t pf_per = nb > 0 ? (pf_lines + nb - 1) / nb : 0;
+    RW_F acc[KKV_WT_NX], accm[KKV_WT_NX];
+    for (int j = 0; j < nx; j++) acc[j] = accm[j] = RW_ZERO_F();
+    const RW_I m4 = RW_SET8(0x0f);
+    if (type == KKV_WT_Q4_0 || type == KKV_WT_Q4_1) {
+        const int one = type == KKV_WT_Q4_1;
+        const size_t bb = one ? 20 : 18, qoff = one ? 4 : 2;
+        for (int64_t b = 0; b < nb; b++) {
+            for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
+            const size_t o = bb * (size_t)b;
+            RW_F dw = RW_ROWS_F16(rp, o), mw = one ? RW_ROWS_F16(rp, o + 2) : RW_ZERO_F();
+            RW_I t[4], lo[4], hi[4];
+            RW_ROWS_T(t, rp, o + qoff);
+            for (int i = 0; i < 4; i++) {
+                lo[i] = RW_AND(t[i], m4); /* values 4i..4i+3 */
+                hi[i] = RW_AND(RW_SRLI16(t[i], 4), m4); /* 16 + 4i.. */
+            }
+            for (int j = 0; j < nx; j++) {
+                const kkv_q8x *x = &xq[j][b];
+                RW_I s0 = RW_ZERO_I(), s1 = RW_ZERO_I();
+                for (int i = 0; i < 4; i++) {
+                    s0 = RW_DPB(s0, lo[i], RW_X4(x, i));
+                    s1 = RW_DPB(s1, hi[i], RW_X4(x, 4 + i));
+                }
+                RW_I s = RW_ADD32(s0, s1);
+                if (!one) s = RW_SUB32(s, RW_SET32(8 * x->isum));
+                acc[j] = RW_ADD_BLOCK(acc[j], dw, x, s);
+                if (one) accm[j] = RW_ADDF(accm[j], RW_MUL(mw, RW_SETF(x->s)));
+            }
+        }
+    } else { /* KKV_WT_Q8_0 */
+        for (int64_t b = 0; b < nb; b++) {
+            for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
+            const size_t o = 34 * (size_t)b;
+            RW_F dw = RW_ROWS_F16(rp, o);
+            RW_I w[8];
+            RW_ROWS_T(w, rp, o + 2);      /* values 4i..4i+3, i < 4 */
+            RW_ROWS_T(w + 4, rp, o + 18); /* 16 + ... */
+#ifdef RW_DPBUSD
+            for (int i = 0; i < 8; i++) w[i] = RW_XOR(w[i], RW_SET8((char)0x80));
+#else
+            RW_I wa[8];
+            for (int i = 0; i < 8; i++) wa[i] = _mm256_abs_epi8(w[i]);
+#endif
+            for (int j = 0; j < nx; j++) {
+                const kkv_q8x *x = &xq[j][b];
+                RW_I s0 = RW_ZERO_I(), s1 = RW_ZERO_I();
+                for (int i = 0; i < 4; i++) {
+#ifdef RW_DPBUSD
+                    s0 = RW_DPB(s0, w[i], RW_X4(x, i));
+                    s1 = RW_DPB(s1, w[4 + i], RW_X4(x, 4 + i));
+#else
+                    s0 = RW_DPB(s0, wa[i], _mm256_sign_epi8(RW_X4(x, i), w[i]));
+                    s1 = RW_DPB(s1, wa[4 + i], _mm256_sign_epi8(RW_X4(x, 4 + i), w[4 + i]));
+#endif
+                }
+                RW_I s = RW_ADD32(s0, s1);
+#ifdef RW_DPBUSD
+                s = RW_SUB32(s, RW_SET32(128 * x->isum));
+#endif
+                acc[j] = RW_ADD_BLOCK(acc[j], dw, x, s);
+            }
+        }
+    }
+    for (int j = 0; j < nx; j++) RW_STORE(res + RW_N * j, RW_ADDF(acc[j], accm[j]));
+}
+
+#undef RW_ADD_BLOCK
+#undef RW_X4
+#undef RW_FN
+#undef RW_N
+#undef RW_I
+#undef RW_F
+#undef RW_ZERO_I
+#undef RW_ZERO_F
+#undef RW_SET8
+#undef RW_SET32
+#undef RW_SETF
+#undef RW_AND
+#undef RW_XOR
+#undef RW_SRLI16
+#undef RW_ADD32
+#undef RW_SUB32
+#undef RW_DPB
+#undef RW_CVT
+#undef RW_MUL
+#undef RW_ADDF
+#undef RW_STORE
+#undef RW_ROWS_T
+#undef RW_ROWS_F16
+#undef RW_DPBUSD
