@@ -8,6 +8,7 @@
  * traversal and merge exactly. The SIMD page kernels work in the integer
  * domain with their own error bound (src/kernels/kernels.h); that agreement, end
  * to end too, is tests/test_kernels.c's job. */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,6 +273,8 @@ static void test_batch(void) {
                 CHECK(kkv_attend_batch(c, ob, seqs, 1, L, q, NQ) == KKV_ERR_INVALID_ARG, "layer L");
                 CHECK(kkv_attend_batch(c, ob, seqs, 1, 0, q, 4) == KKV_ERR_INVALID_ARG, "n_q 4");
                 CHECK(kkv_attend_batch(NULL, ob, seqs, 1, 0, q, NQ) == KKV_ERR_INVALID_ARG, "NULL cache");
+                CHECK(kkv_attend_batch(c, ob, seqs, INT_MAX / 2, 0, q, NQ) == KKV_ERR_INVALID_ARG,
+                      "a hostile sequence count");
                 float qn[2 * NQ * D];
                 memcpy(qn, q, sizeof qn);
                 qn[NQ * D + 5] = NAN; /* in the second sequence's query */

@@ -319,22 +319,23 @@ kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *const *ss, i
                            int layer, const float *q, int n_q) {
     int D = c->D, n_rep = n_q / c->H;
     size_t row = (size_t)n_q * D; /* floats of one sequence's q and out */
-    /* plan: per sequence its counts and units, laid out one after another */
+    /* plan: [n_seqs] seqwork (counts first), then every sequence's units */
+    KKV_TRY(grow(&c->attn_plan, &c->attn_plan_cap, (size_t)n_seqs * sizeof(seqwork)));
     size_t n_units = 0;
     for (int i = 0; i < n_seqs; i++) {
-        kkv_counts n = kkv_counts_of(c, ss[i], layer);
-        n_units += (size_t)unit_bound(&n);
+        seqwork *W = (seqwork *)c->attn_plan + i;
+        W->s = ss[i];
+        W->cnt = kkv_counts_of(c, ss[i], layer);
+        n_units += (size_t)unit_bound(&W->cnt);
     }
     size_t plan_bytes = (size_t)n_seqs * sizeof(seqwork) + n_units * sizeof(unit);
-    KKV_TRY(grow(&c->attn_plan, &c->attn_plan_cap, plan_bytes));
+    KKV_TRY(grow(&c->attn_plan, &c->attn_plan_cap, plan_bytes)); /* realloc keeps the counts */
     seqwork *w = c->attn_plan; /* [n_seqs] */
     unit *units = (unit *)(void *)(w + n_seqs); /* [n_units] (unit holds ints only) */
     size_t parts = 0; /* partial states (one per head, unit and query head) */
     int tasks = 0;
     for (int i = 0; i < n_seqs; i++) {
         seqwork *W = &w[i];
-        W->s = ss[i];
-        W->cnt = kkv_counts_of(c, ss[i], layer);
         W->units = units;
         W->n_units = units_of(units, c, &W->cnt);
         W->task0 = tasks;

@@ -953,6 +953,9 @@ kkv_status kkv_attend_batch(kkv_cache *c, float *out, const int *seqs, int n, in
     if (!out || !q || n_q < c->H || n_q % c->H)
         return kkv_fail(KKV_ERR_INVALID_ARG,
                         "attend: n_q %d must be a positive multiple of n_kv_heads %d", n_q, c->H);
+    if (n > INT_MAX / n_q)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "attend: %d sequences of %d query heads are too "
+                        "many rows", n, n_q);
     const kkv_seq *stack_ss[ATTEND_STACK_SEQS];
     const kkv_seq **ss = n <= ATTEND_STACK_SEQS ? stack_ss : malloc((size_t)n * sizeof *ss); /* [n] */
     if (!ss) return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory");

@@ -608,7 +608,7 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
                 xf[j] = c->x ? c->x + (size_t)(j0 + j) * (size_t)w->cols : NULL;
             }
             for (int64_t r = t0; r < t1;) {
-                /* eight rows at once where the kernels cover the type, else one */
+                /* a row block (8 or 16 rows) where the kernels cover the type, else one */
                 int nr = c->row_block ? (int)(t1 - r < c->row_block ? t1 - r : c->row_block) : 1;
                 const uint8_t *row = base + (size_t)r * w->row_bytes;
                 const uint8_t *pf_from = pf;
