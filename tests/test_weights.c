@@ -566,7 +566,11 @@ static int bench_ns(int *ns, int cap) {
     for (const char *p = e; p && *p && k < cap;) {
         char *end;
         long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > 256) break;
+        if (end == p || v < 1 || v > 256 || (*end && *end != ',')) {
+            fprintf(stderr, "KKV_BENCH_N: '%s' is not a list of sizes 1..256; using 1,64\n", e);
+            k = 0;
+            break;
+        }
         ns[k++] = (int)v;
         p = *end == ',' ? end + 1 : end;
     }
@@ -578,8 +582,8 @@ static int bench_ns(int *ns, int cap) {
 }
 
 static void bench_one(const kkv_weight *w, const char *label) {
-    int ns[16];
-    int n_ns = bench_ns(ns, 16);
+    static int ns[16], n_ns; /* parsed once: one message for a bad list */
+    if (!n_ns) n_ns = bench_ns(ns, 16);
     for (int ni = 0; ni < n_ns; ni++) {
         int n = ns[ni];
         float *x = rand_x(n, w->cols);

@@ -255,15 +255,17 @@ static void run_task(void *arg, int task) {
     if (sc != stack_sc) free(sc);
 }
 
-/* The units of one sequence's layer; they depend only on its length (and
- * the layer's window). units: room for unit_bound(n). Returns the count.
- * A windowed layer starts at token n.first: sink tokens before it are left
- * out, pages wholly before it skipped (or released), and the block it falls
- * in masks its leading tokens. */
+/* At least units_of's count: sink, page groups, tail (a window only drops some). */
 static int unit_bound(const kkv_counts *n) {
-    return 2 + (n->kp + PAGES_PER_UNIT - 1) / PAGES_PER_UNIT; /* a bound with a window too */
+    return 2 + (n->kp + PAGES_PER_UNIT - 1) / PAGES_PER_UNIT;
 }
 
+/* The units of one sequence's layer into units (room for unit_bound(n));
+ * returns their count. They depend only on its length and the layer's
+ * window, so the result does not depend on the thread count. A windowed layer
+ * starts at token n.first: sink tokens before it are left out, pages wholly
+ * before it skipped (or released), and the block it falls in masks its
+ * leading tokens. */
 static int units_of(unit *units, const kkv_cache *c, const kkv_counts *n) {
     int nu = 0;
     int f = n->first, S = n->sink, G = c->G;

@@ -77,7 +77,7 @@ typedef enum kkv_wt_impl {
  *    Q2_K/Q4_K/Q5_K subtract (dmin_w * d_x) * (integer sub-block mins times
  *    the sums of x's quants over each sub-block).
  *  The scalar kernels add the block terms in order. For Q4_0, Q4_1 and Q8_0
- *  the SIMD kernels do the same (eight rows at once, one per lane) and give
+ *  the SIMD kernels do the same (8 or 16 rows at once, one per lane) and give
  *  the scalar bits; for the other types they keep 8 fp32 lanes per row and
  *  add them at the end, so SIMD and scalar agree to within about 1e-6 *
  *  sum|terms| (tests hold them to 2e-5 relative to sum|terms|).

@@ -1,8 +1,8 @@
 /* AVX2 dot kernels for kkv_matmul_ex, one body built three ways (included
  * by weights_avx2.c, weights_vnni_avx512.c and weights_vnni_avxvnni.c, each
  * compiled for its level and run only where kkv_cpu_get() has it). Q4_0, Q4_1
- * and Q8_0 take eight rows at once with the scalar kernels' arithmetic
- * (weights_rows_impl.h). The other types: the scalar arithmetic except the
+ * and Q8_0 take eight rows at once (sixteen in the AVX-512 VNNI build, for
+ * batches) with the scalar kernels' arithmetic (weights_rows_impl.h). The other types: the scalar arithmetic except the
  * order of the fp32 additions: each (weight block, activation block) product
  * is exact in int32, scaled by d_w * d_x and added into 8 fp32 lanes that are
  * summed at the end. Every output uses the same instruction sequence whatever
@@ -427,10 +427,11 @@ static void avx2_quantize(kkv_q8x *dst, const float *x, int64_t cols) {
 }
 
 #ifdef KKV_WT_ZMM
-const kkv_wt_kernels KKV_WT_TABLE = {avx2_dot_q, avx2_dot_f, avx2_quantize, avx2_dot_q_rows,
-                                     zmm_dot_q_rows16};
+#define WT_ROWS16_FN zmm_dot_q_rows16
 #else
-const kkv_wt_kernels KKV_WT_TABLE = {avx2_dot_q, avx2_dot_f, avx2_quantize, avx2_dot_q_rows, NULL};
+#define WT_ROWS16_FN NULL
 #endif
+const kkv_wt_kernels KKV_WT_TABLE = {avx2_dot_q, avx2_dot_f, avx2_quantize, avx2_dot_q_rows,
+                                     WT_ROWS16_FN};
 
 #endif
