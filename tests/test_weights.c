@@ -95,6 +95,8 @@ static uint8_t *rand_weights(kkv_weight *w, uint32_t type, int64_t rows, int64_t
     w->cols = cols;
     w->row_bytes = rb;
     w->data = d;
+    w->packed = NULL;
+    w->pack_rows = 0;
     return d;
 }
 
@@ -119,7 +121,7 @@ static void test_dequant_known(void) {
     /* Q4_0: d = 0.5; byte i = i | (15 - i) << 4 */
     put_f16(b, 0.5f);
     for (int i = 0; i < 16; i++) b[2 + i] = (uint8_t)(i | (15 - i) << 4);
-    w = (kkv_weight){KKV_WT_Q4_0, 1, 32, 18, b};
+    w = (kkv_weight){KKV_WT_Q4_0, 1, 32, 18, b, NULL, 0};
     kkv_wt_dequant_row(y, &w, 0);
     for (int i = 0; i < 16; i++) {
         CHECK(y[i] == (float)(i - 8) * 0.5f, "q4_0 y[%d] = %g", i, y[i]);
@@ -130,7 +132,7 @@ static void test_dequant_known(void) {
     put_f16(b, 0.25f);
     put_f16(b + 2, -1.0f);
     for (int i = 0; i < 16; i++) b[4 + i] = (uint8_t)(i | (15 - i) << 4);
-    w = (kkv_weight){KKV_WT_Q4_1, 1, 32, 20, b};
+    w = (kkv_weight){KKV_WT_Q4_1, 1, 32, 20, b, NULL, 0};
     kkv_wt_dequant_row(y, &w, 0);
     for (int i = 0; i < 16; i++) {
         CHECK(y[i] == (float)i * 0.25f - 1.0f, "q4_1 y[%d] = %g", i, y[i]);
@@ -142,7 +144,7 @@ static void test_dequant_known(void) {
         put_f16(b + 34 * r, 0.125f * (float)(r + 1));
         for (int i = 0; i < 32; i++) b[34 * r + 2 + i] = (uint8_t)(int8_t)(i - 16);
     }
-    w = (kkv_weight){KKV_WT_Q8_0, 2, 32, 34, b};
+    w = (kkv_weight){KKV_WT_Q8_0, 2, 32, 34, b, NULL, 0};
     kkv_wt_dequant_row(y, &w, 1);
     for (int i = 0; i < 32; i++) CHECK(y[i] == (float)(i - 16) * 0.25f, "q8_0 y[%d] = %g", i, y[i]);
 
@@ -160,7 +162,7 @@ static void test_dequant_known(void) {
     b[128 + 32] = 0x03;
     for (int s = 0; s < 16; s++) b[192 + s] = (uint8_t)(int8_t)(s - 8);
     put_f16(b + 208, 0.5f);
-    w = (kkv_weight){KKV_WT_Q6_K, 1, 256, 210, b};
+    w = (kkv_weight){KKV_WT_Q6_K, 1, 256, 210, b, NULL, 0};
     kkv_wt_dequant_row(y, &w, 0);
     CHECK(y[0] == 0.5f * -8.0f * (1 - 32), "q6_k y[0] = %g", y[0]);
     CHECK(y[32] == 0.5f * -6.0f * ((15 | 1 << 4) - 32), "q6_k y[32] = %g", y[32]);
@@ -184,7 +186,7 @@ static void test_dequant_known(void) {
     b[12] = 0x53;
     b[16] = 0x9a;
     b[16 + 64] = 0x03;
-    w = (kkv_weight){KKV_WT_Q4_K, 1, 256, 144, b};
+    w = (kkv_weight){KKV_WT_Q4_K, 1, 256, 144, b, NULL, 0};
     kkv_wt_dequant_row(y, &w, 0);
     CHECK(y[0] == 0.5f * 5 * 10 - 0.25f * 7, "q4_k y[0] = %g", y[0]);
     CHECK(y[1] == -0.25f * 7, "q4_k y[1] = %g", y[1]);
@@ -198,14 +200,14 @@ static void test_dequant_known(void) {
     b[2] = 0x01;
     b[5] = 0x80;
     b[6 + 15] = 0xf0;
-    w = (kkv_weight){KKV_WT_Q5_0, 1, 32, 22, b};
+    w = (kkv_weight){KKV_WT_Q5_0, 1, 32, 22, b, NULL, 0};
     kkv_wt_dequant_row(y, &w, 0);
     CHECK(y[0] == 0.0f && y[1] == -8.0f && y[31] == 7.5f, "q5_0 %g %g %g", y[0], y[1], y[31]);
 
     /* F16 / F32 */
     put_f16(b, 1.5f);
     put_f16(b + 2, -0.25f);
-    w = (kkv_weight){KKV_WT_F16, 1, 2, 4, b};
+    w = (kkv_weight){KKV_WT_F16, 1, 2, 4, b, NULL, 0};
     kkv_wt_dequant_row(y, &w, 0);
     CHECK(y[0] == 1.5f && y[1] == -0.25f, "f16 %g %g", y[0], y[1]);
 }
@@ -395,6 +397,74 @@ static void test_kernels(void) {
     kkv_tp_free(tp3);
 }
 
+/* Packed weights (kkv_wt_pack, groups of 8 and 16): through every kernel
+ * set (AVX2 reads groups of 8; AUTO those of 16 where the CPU has AVX-512
+ * VNNI, else of 8; a group size a set does not read falls back to the
+ * unpacked rows), the scalar kernels' bits on the unpacked rows, for short
+ * last groups, batch sizes across the 8-column groups and 1 or 3 threads. */
+static void test_packed(void) {
+    const uint32_t types[] = {KKV_WT_Q4_0, KKV_WT_Q4_1, KKV_WT_Q8_0};
+    const int64_t rows_list[] = {1, 15, 16, 17, 40};
+    const int64_t cols_list[] = {32, 96, 576};
+    const int ns[] = {1, 2, 5, 10, 17};
+    int have_avx2 = kkv_cpu_get()->avx2;
+    kkv_tp *tp3 = NULL;
+    kkv_tp_create(&tp3, 3);
+    for (int R = 8; R <= 16; R += 8)
+    for (size_t ti = 0; ti < 3; ti++)
+        for (int ci = 0; ci < 3; ci++)
+            for (int ri = 0; ri < 5; ri++) {
+                int64_t rows = rows_list[ri], cols = cols_list[ci];
+                kkv_weight w;
+                uint8_t *wd = rand_weights(&w, types[ti], rows, cols);
+                size_t pb = 0;
+                CHECK(kkv_wt_packed_size(&pb, &w, R) == KKV_OK, "packed size");
+                CHECK(pb == (size_t)((rows + R - 1) / R * R) * w.row_bytes, "%s %lld rows: packed size %zu",
+                      kkv_wt_name(w.type), (long long)rows, pb);
+                uint8_t *pk = malloc(pb);
+                CHECK(kkv_wt_pack(pk, &w, R) == KKV_OK, "pack");
+                kkv_weight wp = w;
+                wp.packed = pk;
+                wp.pack_rows = R;
+                for (int ni = 0; ni < 5; ni++) {
+                    int n = ns[ni];
+                    size_t bytes = sizeof(float) * (size_t)n * (size_t)rows;
+                    float *x = rand_x(n, cols), *os = malloc(bytes), *op = malloc(bytes);
+                    CHECK(kkv_matmul_ex(NULL, os, &w, x, n, KKV_WT_IMPL_SCALAR) == KKV_OK, "scalar");
+                    for (int impl = KKV_WT_IMPL_AUTO; impl <= KKV_WT_IMPL_AVX2; impl++) {
+                        if (impl == KKV_WT_IMPL_SCALAR || (impl == KKV_WT_IMPL_AVX2 && !have_avx2)) continue;
+                        for (int th = 0; th < 2; th++) {
+                            memset(op, 0xff, bytes);
+                            CHECK(kkv_matmul_ex(th ? tp3 : NULL, op, &wp, x, n, (kkv_wt_impl)impl) == KKV_OK, "packed");
+                            CHECK(memcmp(op, os, bytes) == 0, "%s %lldx%lld n=%d impl %d threads %d: packed "
+                                  "by %d differs from scalar", kkv_wt_name(w.type), (long long)rows, (long long)cols,
+                                  n, impl, th ? 3 : 1, R);
+                        }
+                    }
+                    free(x);
+                    free(os);
+                    free(op);
+                }
+                free(pk);
+                free(wd);
+            }
+    kkv_tp_free(tp3);
+    /* types without a packed layout */
+    kkv_weight w;
+    uint8_t *wd = rand_weights(&w, KKV_WT_Q4_K, 16, 256);
+    size_t pb = 1;
+    CHECK(kkv_wt_packed_size(&pb, &w, 16) == KKV_OK && pb == 0, "Q4_K has no packed layout");
+    uint8_t one[16];
+    CHECK(kkv_wt_pack(one, &w, 16) == KKV_ERR_UNSUPPORTED, "pack Q4_K refused");
+    CHECK(strstr(kkv_last_error(), "Q4_K") != NULL, "error names the type: %s", kkv_last_error());
+    free(wd);
+    wd = rand_weights(&w, KKV_WT_Q4_1, 16, 32);
+    CHECK(kkv_wt_packed_size(&pb, &w, 12) == KKV_ERR_INVALID_ARG, "groups of 12 refused");
+    CHECK(kkv_wt_pack(wd, &w, 4) == KKV_ERR_INVALID_ARG && strstr(kkv_last_error(), "8 or 16"),
+          "groups of 4 refused: %s", kkv_last_error());
+    free(wd);
+}
+
 /* Batch-size and thread-count invariance on a model-sized matrix through the
  * public entry point, including n that are not multiples of the kernel group. */
 static void test_invariance(void) {
@@ -434,10 +504,10 @@ static void test_invariance(void) {
         free(part);
     }
     /* bad weights are refused */
-    kkv_weight bad = {KKV_WT_Q4_1, 2, 33, 20, NULL};
+    kkv_weight bad = {KKV_WT_Q4_1, 2, 33, 20, NULL, NULL, 0};
     float o[4], xx[66] = {0};
     CHECK(kkv_matmul_ex(NULL, o, &bad, xx, 1, KKV_WT_IMPL_AUTO) == KKV_ERR_INVALID_ARG, "bad cols");
-    bad = (kkv_weight){16, 2, 256, 66, NULL};
+    bad = (kkv_weight){16, 2, 256, 66, NULL, NULL, 0};
     CHECK(kkv_matmul_ex(NULL, o, &bad, xx, 1, KKV_WT_IMPL_AUTO) == KKV_ERR_UNSUPPORTED, "IQ2_XXS not computable");
     CHECK(strstr(kkv_last_error(), "IQ2_XXS") != NULL, "error names the type: %s", kkv_last_error());
     kkv_tp_free(tp2);
@@ -515,7 +585,7 @@ static int mode_dequant(const char *type_s, const char *inp, const char *outp) {
         return 1;
     }
     int64_t be = kkv_wt_block_elems(type), blocks = (int64_t)(n / bb);
-    kkv_weight w = {type, 1, blocks * be, n, in};
+    kkv_weight w = {type, 1, blocks * be, n, in, NULL, 0};
     float *out = malloc(sizeof(float) * (size_t)w.cols);
     kkv_wt_dequant_row(out, &w, 0);
     int rc = write_file(outp, out, sizeof(float) * (size_t)w.cols);
@@ -588,11 +658,28 @@ static void bench_one(const kkv_weight *w, const char *label) {
         int n = ns[ni];
         float *x = rand_x(n, w->cols);
         float *out = malloc(sizeof(float) * (size_t)n * (size_t)w->rows);
-        const kkv_wt_impl impls[] = {KKV_WT_IMPL_SCALAR, KKV_WT_IMPL_AVX2, KKV_WT_IMPL_AUTO};
-        const char *names[] = {"scalar", "avx2", "auto"};
-        for (int ii = 0; ii < 3; ii++) {
+        /* the last two: the same weights packed (kkv_wt_pack: by 8 for avx2, by
+         * the AUTO set's group size for auto), where they can be */
+        const kkv_wt_impl impls[] = {KKV_WT_IMPL_SCALAR, KKV_WT_IMPL_AVX2, KKV_WT_IMPL_AUTO,
+                                     KKV_WT_IMPL_AVX2, KKV_WT_IMPL_AUTO};
+        const char *names[] = {"scalar", "avx2", "auto", "avx2+p", "auto+p"};
+        uint8_t *pk[2] = {NULL, NULL}; /* [avx2, auto] */
+        const int pr[2] = {8, kkv_wt_pack_rows()};
+        for (int i = 0; i < 2; i++) {
+            size_t pb = 0;
+            if (pr[i] && kkv_wt_packed_size(&pb, w, pr[i]) == KKV_OK && pb && (pk[i] = malloc(pb)) &&
+                kkv_wt_pack(pk[i], w, pr[i]) != KKV_OK) {
+                free(pk[i]);
+                pk[i] = NULL;
+            }
+        }
+        for (int ii = 0; ii < 5; ii++) {
             kkv_wt_impl impl = impls[ii];
             if (impl == KKV_WT_IMPL_AVX2 && !kkv_cpu_get()->avx2) continue;
+            if (ii >= 3 && !pk[ii - 3]) continue;
+            kkv_weight wb = *w;
+            wb.packed = ii >= 3 ? pk[ii - 3] : NULL;
+            wb.pack_rows = ii >= 3 ? pr[ii - 3] : 0;
             for (int th = 1; th <= 2; th++) {
                 kkv_tp *tp = NULL;
                 kkv_tp_create(&tp, th);
@@ -601,7 +688,7 @@ static void bench_one(const kkv_weight *w, const char *label) {
                 double start = now_s(), per = 1e30;
                 do {
                     double t0 = now_s();
-                    kkv_matmul_ex(tp, out, w, x, n, impl);
+                    kkv_matmul_ex(tp, out, &wb, x, n, impl);
                     double t = now_s() - t0;
                     if (t < per) per = t;
                     reps++;
@@ -613,6 +700,8 @@ static void bench_one(const kkv_weight *w, const char *label) {
                 kkv_tp_free(tp);
             }
         }
+        free(pk[0]);
+        free(pk[1]);
         free(x);
         free(out);
     }
@@ -683,6 +772,7 @@ int main(int argc, char **argv) {
     test_q8x();
     test_q8x_simd();
     test_kernels();
+    test_packed();
     test_invariance();
     if (!kkv_cpu_get()->avx2) printf("note: no AVX2 on this CPU; SIMD comparisons skipped\n");
     if (tu_failed()) return tu_summary();

@@ -93,6 +93,8 @@ static kkv_status get_tensor(const kkv_gguf *g, kkv_weight *w, const char *name,
     w->cols = cols;
     w->row_bytes = (size_t)(cols / be) * bb;
     w->data = t->data;
+    w->packed = NULL;
+    w->pack_rows = 0;
     if (t->nbytes < w->row_bytes * (uint64_t)w->rows)
         return kkv_fail(KKV_ERR_FORMAT, "model: tensor '%s' is truncated", name);
     return KKV_OK;
@@ -391,6 +393,64 @@ kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads) {
     return s;
 }
 
+/* The weights the matmul kernels of this CPU read faster packed
+ * (kkv_wt_pack; same results), copied into one block. Only speed depends
+ * on it; KKV_WT_PACK=0 in the environment turns it off (for comparisons).
+ * Costs memory: the copies are as large as the packed tensors (their pages
+ * in the file mapping are then read only by embedding lookups). */
+static kkv_status pack_weights(kkv_model *m) {
+    const int R = kkv_wt_pack_rows();
+    if (!R) return KKV_OK;
+    int nl = m->info.n_layers, tied = m->output.data == m->tok_embd.data;
+    int nw = 7 * nl + 2;
+    kkv_weight **all = malloc((size_t)nw * sizeof *all); /* [nw] */
+    size_t *off = malloc((size_t)nw * sizeof *off);      /* [nw] byte offsets in packed_mem */
+    if (!all || !off) {
+        free(all);
+        free(off);
+        return kkv_fail(KKV_ERR_NOMEM, "model: out of memory");
+    }
+    int k = 0;
+    all[k++] = &m->tok_embd;
+    if (!tied) all[k++] = &m->output;
+    for (int l = 0; l < nl; l++) {
+        kkv_layer *L = &m->layers[l];
+        kkv_weight *lw[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) all[k++] = lw[i];
+    }
+    size_t total = 0;
+    kkv_status s = KKV_OK;
+    for (int i = 0; i < k && s == KKV_OK; i++) {
+        size_t b;
+        s = kkv_wt_packed_size(&b, all[i], R);
+        off[i] = total;
+        b = (b + 63) & ~(size_t)63;
+        if (s == KKV_OK && b > SIZE_MAX - total) s = kkv_fail(KKV_ERR_NOMEM, "model: packed weights too large");
+        total += b;
+    }
+    if (s == KKV_OK && total > 0) {
+        m->packed_mem = aligned_alloc(64, total);
+        if (!m->packed_mem) s = kkv_fail(KKV_ERR_NOMEM, "model: out of memory for %zu bytes of packed weights", total);
+    }
+    for (int i = 0; i < k && s == KKV_OK && m->packed_mem; i++) {
+        size_t b;
+        kkv_wt_packed_size(&b, all[i], R);
+        if (b == 0) continue;
+        uint8_t *dst = (uint8_t *)m->packed_mem + off[i];
+        s = kkv_wt_pack(dst, all[i], R);
+        all[i]->packed = dst;
+        all[i]->pack_rows = R;
+    }
+    if (tied) {
+        m->output.packed = m->tok_embd.packed;
+        m->output.pack_rows = m->tok_embd.pack_rows;
+    }
+    m->packed_bytes = s == KKV_OK ? total : 0;
+    free(all);
+    free(off);
+    return s;
+}
+
 kkv_status kkv_model_from_gguf(kkv_model **out, kkv_gguf *g, int n_threads) {
     if (!out) {
         kkv_gguf_close(g);
@@ -410,6 +470,7 @@ kkv_status kkv_model_from_gguf(kkv_model **out, kkv_gguf *g, int n_threads) {
     m->gguf = g;
     kkv_status s = read_hparams(m);
     if (s == KKV_OK) s = load_tensors(m);
+    if (s == KKV_OK) s = pack_weights(m);
     if (s == KKV_OK) s = kkv_tok_from_gguf(&m->tok, m->gguf);
     /* Every id the tokenizer can produce must have an embedding row and every
      * logit a token text, or generated ids would vanish from the text. */
@@ -498,6 +559,7 @@ void kkv_model_free(kkv_model *m) {
         free(m->layers);
     }
     free(m->output_norm);
+    free(m->packed_mem);
     free(m->rope_ff);
     free(m->work_mem);
     free(m->w.pos);

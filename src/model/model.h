@@ -82,6 +82,8 @@ struct kkv_model {
     kkv_weight     output;     /* [n_vocab][n_embd]; tok_embd when tied */
     float         *output_norm; /* [n_embd], owned */
     kkv_layer     *layers;     /* [n_layers] */
+    void          *packed_mem; /* owned: every weight's packed copy (kkv_wt_pack), or NULL */
+    size_t         packed_bytes;
     kkv_model_work w;
     float         *work_mem;   /* backing store of w (one block) */
 };

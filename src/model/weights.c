@@ -90,6 +90,8 @@ kkv_status kkv_weight_from_tensor(kkv_weight *out, const struct kkv_gguf_tensor 
     out->cols = t->ne[0];
     out->row_bytes = rb;
     out->data = t->data;
+    out->packed = NULL;
+    out->pack_rows = 0;
     return KKV_OK;
 }
 
@@ -529,7 +531,8 @@ static void scalar_dot_f(float *res, uint32_t type, const void *row, int64_t col
     }
 }
 
-const kkv_wt_kernels kkv_wt_kernels_scalar = {scalar_dot_q, scalar_dot_f, kkv_q8x_quantize, NULL, NULL};
+const kkv_wt_kernels kkv_wt_kernels_scalar = {scalar_dot_q, scalar_dot_f, kkv_q8x_quantize, NULL, NULL,
+                                                 NULL, 0};
 
 /* ---- matmul driver ---- */
 
@@ -547,6 +550,8 @@ typedef struct mm_ctx {
     int                   row_block; /* rows per kernel call: KKV_WT_ROWS or KKV_WT_ROWS16
                                         where the table's row kernels cover w->type (and
                                         xq is set), else 0 (dot_q row by row) */
+    int                   packed;    /* 1: row_block is w->pack_rows and the kernel reads
+                                        w->packed, one group per call */
 } mm_ctx;
 
 static int is_quant(uint32_t type) { return type != KKV_WT_F32 && type != KKV_WT_F16 && type != KKV_WT_BF16; }
@@ -586,8 +591,11 @@ static inline void prefetch_range(const uint8_t *p, const uint8_t *end) {
 static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
     const kkv_weight *w = c->w;
     size_t nb = (size_t)(w->cols / 32);
-    const uint8_t *base = (const uint8_t *)w->data;
-    const uint8_t *stream_end = base + (size_t)r1 * w->row_bytes;
+    /* packed: the group of row r (a multiple of R) at r * row_bytes, the last one whole */
+    const uint8_t *base = (const uint8_t *)(c->packed ? w->packed : w->data);
+    const int64_t R = c->row_block;
+    const int64_t r_end = c->packed ? (r1 + R - 1) / R * R : r1;
+    const uint8_t *stream_end = base + (size_t)r_end * w->row_bytes;
     /* the head of the task's stream at once, then `lead` ahead of the next
      * row; the row-block kernels (8 or 16 rows) read a block's rows side by
      * side, so their lead covers the whole next block of rows, and they
@@ -621,7 +629,13 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
                     }
                 }
                 float res[KKV_WT_NX * KKV_WT_ROWS16]; /* [nx][row_block] or [nx] */
-                if (c->row_block) {
+                if (c->packed) {
+                    const uint8_t *group = row;
+                    c->k->dot_q_pack(res, w->type, &group, w->cols, xq, nx, pf_from, pf);
+                    for (int j = 0; j < nx; j++)
+                        for (int i = 0; i < nr; i++)
+                            c->out[(size_t)(j0 + j) * (size_t)w->rows + (size_t)(r + i)] = res[R * j + i];
+                } else if (c->row_block) {
                     const uint8_t *rp[KKV_WT_ROWS16];
                     for (int i = 0; i < c->row_block; i++) rp[i] = row + (size_t)(i < nr ? i : 0) * w->row_bytes;
                     if (c->row_block == KKV_WT_ROWS16)
@@ -699,6 +713,12 @@ static const kkv_wt_kernels *pick_kernels(kkv_wt_impl impl) {
     return NULL;
 }
 
+int kkv_wt_pack_rows(void) {
+    const char *e = getenv("KKV_WT_PACK");
+    const kkv_wt_kernels *k = pick_kernels(KKV_WT_IMPL_AUTO);
+    return k->dot_q_pack && !(e && strcmp(e, "0") == 0) ? k->pack_rows : 0;
+}
+
 static kkv_status check_weight(const kkv_weight *w) {
     if (!kkv_wt_supported(w->type))
         return kkv_fail(KKV_ERR_UNSUPPORTED, "matmul: cannot compute with type %s (%u)",
@@ -730,10 +750,12 @@ static int64_t rows_per_task(const kkv_tp *tp, int64_t rows, int n) {
  * much as a full one). Only speed depends on the task sizes. */
 static mm_ctx mm_make(const kkv_wt_kernels *k, const kkv_weight *w, float *out, const float *x,
                       const kkv_q8x *xq, int n, const kkv_tp *tp) {
-    mm_ctx c = {k, w, out, x, xq, n, rows_per_task(tp, w->rows, n), NULL, 0, 0, 0};
+    mm_ctx c = {k, w, out, x, xq, n, rows_per_task(tp, w->rows, n), NULL, 0, 0, 0, 0};
     int r8 = xq && k->dot_q_rows && k->dot_q_rows(NULL, w->type, NULL, 0, NULL, 0, NULL, NULL);
     int r16 = xq && k->dot_q_rows16 && k->dot_q_rows16(NULL, w->type, NULL, 0, NULL, 0, NULL, NULL);
-    c.row_block = r16 && n >= MM_ROWS16_MIN_N ? KKV_WT_ROWS16 : r8 ? KKV_WT_ROWS : 0;
+    c.packed = xq && w->packed && k->dot_q_pack && w->pack_rows == k->pack_rows &&
+               k->dot_q_pack(NULL, w->type, NULL, 0, NULL, 0, NULL, NULL);
+    c.row_block = c.packed ? k->pack_rows : r16 && n >= MM_ROWS16_MIN_N ? KKV_WT_ROWS16 : r8 ? KKV_WT_ROWS : 0;
     if (c.row_block) c.rows_per_task = (c.rows_per_task + c.row_block - 1) / c.row_block * c.row_block;
     return c;
 }
@@ -775,7 +797,7 @@ static kkv_status matmul_f32(kkv_tp *tp, float *out, const kkv_weight *w, const 
     }
     float *row_f = malloc((size_t)tasks * (size_t)w->cols * sizeof *row_f); /* [tasks][cols] */
     if (!row_f) return kkv_fail(KKV_ERR_NOMEM, "matmul: out of memory for f32 rows");
-    mm_ctx c = {&kkv_wt_kernels_scalar, w, out, x, NULL, n, per, row_f, 0, 0, 0};
+    mm_ctx c = {&kkv_wt_kernels_scalar, w, out, x, NULL, n, per, row_f, 0, 0, 0, 0};
     kkv_tp_run(tp, (int)tasks, mm_task, &c);
     free(row_f);
     return KKV_OK;

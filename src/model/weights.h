@@ -24,6 +24,11 @@ typedef struct kkv_weight {
     int64_t     cols;      /* input features (ne[0]) */
     size_t      row_bytes;
     const void *data;      /* [rows][row_bytes] */
+    /* NULL, or the same blocks in kkv_wt_pack's layout for groups of
+     * pack_rows rows (borrowed; the matmul reads these where its kernels
+     * take that group size) */
+    const void *packed;    /* [ceil(rows/pack_rows)][cols/32][pack_rows rows' block, field by field] */
+    int         pack_rows; /* 8 or 16 when packed */
 } kkv_weight;
 
 /* 1 if type is one of the above. */
@@ -95,6 +100,31 @@ kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const floa
 kkv_status kkv_matmul_multi(kkv_tp *tp, int nw, float *const *out, const kkv_weight *const *w,
                             const float *x, int n, kkv_wt_impl impl);
 
+/* Packed weights. Q4_0, Q4_1 and Q8_0 rows in groups of R (8 or 16, the
+ * lanes of the row-block kernel that reads them): for each group and column
+ * block, the group's R copies of that block field by field, so that the
+ * kernel loads what it would otherwise transpose. A field at offset f of a
+ * row's block (width 2: an fp16 scale; width 16: code bytes) is at R * f of
+ * the packed block: fp16 of row r at + 2 r, code bytes 4i..4i+3 of row r at
+ * + 4 R i + 4 r. The packed block has the size of R blocks, so row r (a
+ * multiple of R) starts at r * row_bytes; a last group of fewer rows repeats
+ * its first row. Why: transposing R rows' blocks in registers cost as many
+ * instructions per block as the dot products of several x vectors, and R
+ * rows side by side are R streams where the packed group is one (measured
+ * in docs/RESULTS.md). */
+/* Bytes of w packed in groups of R in *out; 0 if its type has no packed
+ * layout (or rows is 0). KKV_ERR_INVALID_ARG for R not 8 or 16,
+ * KKV_ERR_NOMEM if the size overflows. */
+kkv_status kkv_wt_packed_size(size_t *out, const kkv_weight *w, int R);
+/* dst: [kkv_wt_packed_size] = w's blocks packed in groups of R (w->data is
+ * read; w->packed is ignored). KKV_ERR_UNSUPPORTED for a type without a
+ * packed layout, KKV_ERR_INVALID_ARG for R not 8 or 16. */
+kkv_status kkv_wt_pack(void *dst, const kkv_weight *w, int R);
+/* The group size the matmul kernels of this CPU (KKV_WT_IMPL_AUTO) read
+ * packed weights in; 0 where they read none or the environment says
+ * KKV_WT_PACK=0. */
+int kkv_wt_pack_rows(void);
+
 /* One activation block: 32 values as d * q. s = d * (sum of q) (for Q4_1's
  * offset term), isum = sum of q, isum16 = sum of q[0..15] (for Q2_K's
  * 16-value sub-block mins). 48 bytes so q stays 16-byte aligned. */
@@ -140,6 +170,11 @@ typedef struct kkv_wt_kernels {
      * table has 512-bit registers; NULL elsewhere. Same bits. */
     int (*dot_q_rows16)(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,
                         const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end);
+    /* The same on one packed group of pack_rows rows, rows[0] its first
+     * block (res[j * pack_rows + r]); NULL in the scalar table. Same bits. */
+    int (*dot_q_pack)(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,
+                      const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end);
+    int pack_rows; /* the group size dot_q_pack reads (its register's lanes), 0 without */
 } kkv_wt_kernels;
 #define KKV_WT_ROWS 8
 #define KKV_WT_ROWS16 16

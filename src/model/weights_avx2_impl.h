@@ -428,10 +428,14 @@ static void avx2_quantize(kkv_q8x *dst, const float *x, int64_t cols) {
 
 #ifdef KKV_WT_ZMM
 #define WT_ROWS16_FN zmm_dot_q_rows16
+#define WT_PACK_FN   zmm_dot_q_pack16
+#define WT_PACK_ROWS KKV_WT_ROWS16
 #else
 #define WT_ROWS16_FN NULL
+#define WT_PACK_FN   avx2_dot_q_pack8
+#define WT_PACK_ROWS KKV_WT_ROWS
 #endif
-const kkv_wt_kernels KKV_WT_TABLE = {avx2_dot_q, avx2_dot_f, avx2_quantize, avx2_dot_q_rows,
-                                     WT_ROWS16_FN};
+const kkv_wt_kernels KKV_WT_TABLE = {avx2_dot_q, avx2_dot_f,   avx2_quantize, avx2_dot_q_rows,
+                                     WT_ROWS16_FN, WT_PACK_FN, WT_PACK_ROWS};
 
 #endif

@@ -77,29 +77,9 @@ static inline __m256 rows_f16(const uint8_t *const *rp, size_t off) {
 
 /* The eight-row kernel: rows_q_nx (weights_rows_body.h on 256-bit registers). */
 #define RW_FN       rows_q_nx
-#define RW_N        8
-#define RW_I        __m256i
-#define RW_F        __m256
-#define RW_ZERO_I   _mm256_setzero_si256
-#define RW_ZERO_F   _mm256_setzero_ps
-#define RW_SET8     _mm256_set1_epi8
-#define RW_SET32    _mm256_set1_epi32
-#define RW_SETF     _mm256_set1_ps
-#define RW_AND      _mm256_and_si256
-#define RW_XOR      _mm256_xor_si256
-#define RW_SRLI16   _mm256_srli_epi16
-#define RW_ADD32    _mm256_add_epi32
-#define RW_SUB32    _mm256_sub_epi32
-#define RW_DPB      dpb
-#define RW_CVT      _mm256_cvtepi32_ps
-#define RW_MUL      _mm256_mul_ps
-#define RW_ADDF     _mm256_add_ps
-#define RW_STORE    _mm256_storeu_ps
 #define RW_ROWS_T   rows_16
 #define RW_ROWS_F16 rows_f16
-#ifdef KKV_WT_DPBUSD
-#define RW_DPBUSD 1
-#endif
+#include "model/weights_rows_ymm.h"
 #include "model/weights_rows_body.h"
 
 /* fn(res, type, rows, nb, xq, NX, pf, pf_end) with nx (1..8) as the constant
@@ -116,6 +96,27 @@ static inline __m256 rows_f16(const uint8_t *const *rp, size_t off) {
     default: fn(res, type, rows, nb, xq, 8, pf, pf_end); break;     \
     }
 
+#ifndef KKV_WT_ZMM /* the 512-bit build reads groups of sixteen (below) */
+/* The same kernel on weights packed in groups of eight (kkv_wt_pack, R = 8):
+ * the block's fields are already transposed, so the four code registers
+ * and the eight scales are plain loads. rp[0] = the group's first block;
+ * off is the field's offset in one row's block, as for rows_16. */
+static inline void pk8_16(__m256i t[4], const uint8_t *const *rp, size_t off) {
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm256_loadu_si256((const __m256i *)(const void *)(rp[0] + WT_ROWS * off + 32 * (size_t)i));
+}
+
+static inline __m256 pk8_f16(const uint8_t *const *rp, size_t off) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(rp[0] + WT_ROWS * off)));
+}
+
+#define RW_FN       pk8_q_nx
+#define RW_ROWS_T   pk8_16
+#define RW_ROWS_F16 pk8_f16
+#include "model/weights_rows_ymm.h"
+#include "model/weights_rows_body.h"
+#endif
+
 static int rows_covers(uint32_t type) {
     return type == KKV_WT_Q4_0 || type == KKV_WT_Q4_1 || type == KKV_WT_Q8_0;
 }
@@ -128,6 +129,17 @@ static int avx2_dot_q_rows(float *res, uint32_t type, const uint8_t *const *rows
     ROWS_NX_SWITCH(rows_q_nx);
     return 1;
 }
+
+#ifndef KKV_WT_ZMM
+static int avx2_dot_q_pack8(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,
+                            const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end) {
+    if (!rows_covers(type)) return 0;
+    if (nx == 0) return 1;
+    int64_t nb = cols / 32;
+    ROWS_NX_SWITCH(pk8_q_nx);
+    return 1;
+}
+#endif
 
 #ifdef KKV_WT_ZMM
 /* ---- sixteen rows per register (AVX-512 VNNI builds) ----
@@ -168,28 +180,35 @@ static inline __m512 rows16_f16(const uint8_t *const *rp, size_t off) {
 }
 
 #define RW_FN       rows16_q_nx
-#define RW_N        16
-#define RW_I        __m512i
-#define RW_F        __m512
-#define RW_ZERO_I   _mm512_setzero_si512
-#define RW_ZERO_F   _mm512_setzero_ps
-#define RW_SET8     _mm512_set1_epi8
-#define RW_SET32    _mm512_set1_epi32
-#define RW_SETF     _mm512_set1_ps
-#define RW_AND      _mm512_and_si512
-#define RW_XOR      _mm512_xor_si512
-#define RW_SRLI16   _mm512_srli_epi16
-#define RW_ADD32    _mm512_add_epi32
-#define RW_SUB32    _mm512_sub_epi32
-#define RW_DPB      _mm512_dpbusd_epi32
-#define RW_CVT      _mm512_cvtepi32_ps
-#define RW_MUL      _mm512_mul_ps
-#define RW_ADDF     _mm512_add_ps
-#define RW_STORE    _mm512_storeu_ps
 #define RW_ROWS_T   rows16_16
 #define RW_ROWS_F16 rows16_f16
-#define RW_DPBUSD   1
+#include "model/weights_rows_zmm.h"
 #include "model/weights_rows_body.h"
+
+/* The sixteen-row kernel on weights packed in groups of sixteen (rows[0]:
+ * the group's first block; kkv_wt_pack, R = 16). */
+static inline void pk16_16(__m512i t[4], const uint8_t *const *rp, size_t off) {
+    for (int i = 0; i < 4; i++) t[i] = _mm512_loadu_si512(rp[0] + KKV_WT_ROWS16 * off + 64 * (size_t)i);
+}
+
+static inline __m512 pk16_f16(const uint8_t *const *rp, size_t off) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(rp[0] + KKV_WT_ROWS16 * off)));
+}
+
+#define RW_FN       pk16_q_nx
+#define RW_ROWS_T   pk16_16
+#define RW_ROWS_F16 pk16_f16
+#include "model/weights_rows_zmm.h"
+#include "model/weights_rows_body.h"
+
+static int zmm_dot_q_pack16(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,
+                            const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end) {
+    if (!rows_covers(type)) return 0;
+    if (nx == 0) return 1;
+    int64_t nb = cols / 32;
+    ROWS_NX_SWITCH(pk16_q_nx);
+    return 1;
+}
 
 static int zmm_dot_q_rows16(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,
                             const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end) {

@@ -1,0 +1,70 @@
+/* kkv_wt_pack: Q4_0, Q4_1 and Q8_0 rows rearranged into the packed layout
+ * of weights.h (the blocks of R rows, field by field). Plain C: the
+ * layout is the same on every CPU, only the kernels that read it differ. */
+#include <stdint.h>
+#include <string.h>
+
+#include "core/status.h"
+#include "model/weights.h"
+
+/* The fields of one row's block: fp16 scales (2 bytes) and 16-byte runs of
+ * code bytes, by offset. */
+typedef struct pack_fields {
+    int n_f16, n_codes;
+    int f16[2], codes[2];
+} pack_fields;
+
+static int fields_of(pack_fields *F, uint32_t type) {
+    switch (type) {
+    case KKV_WT_Q4_0: *F = (pack_fields){1, 1, {0, 0}, {2, 0}}; return 1;
+    case KKV_WT_Q4_1: *F = (pack_fields){2, 1, {0, 2}, {4, 0}}; return 1;
+    case KKV_WT_Q8_0: *F = (pack_fields){1, 2, {0, 0}, {2, 18}}; return 1;
+    default: return 0;
+    }
+}
+
+static kkv_status check_r(int R) {
+    if (R != 8 && R != 16) return kkv_fail(KKV_ERR_INVALID_ARG, "pack: groups of %d rows (8 or 16)", R);
+    return KKV_OK;
+}
+
+kkv_status kkv_wt_packed_size(size_t *out, const kkv_weight *w, int R) {
+    pack_fields F;
+    *out = 0;
+    KKV_TRY(check_r(R));
+    if (!fields_of(&F, w->type) || w->rows <= 0) return KKV_OK;
+    uint64_t groups = ((uint64_t)w->rows + (uint64_t)R - 1) / (uint64_t)R;
+    uint64_t group_bytes = (uint64_t)w->row_bytes * (uint64_t)R;
+    if (group_bytes / (uint64_t)R != w->row_bytes || groups > SIZE_MAX / group_bytes)
+        return kkv_fail(KKV_ERR_NOMEM, "pack: %s weight of %lld rows is too large", kkv_wt_name(w->type),
+                        (long long)w->rows);
+    *out = (size_t)(groups * group_bytes);
+    return KKV_OK;
+}
+
+kkv_status kkv_wt_pack(void *dst, const kkv_weight *w, int R) {
+    pack_fields F;
+    KKV_TRY(check_r(R));
+    if (!fields_of(&F, w->type))
+        return kkv_fail(KKV_ERR_UNSUPPORTED, "pack: no packed layout for type %s (%u)",
+                        kkv_wt_name(w->type) ? kkv_wt_name(w->type) : "?", w->type);
+    const size_t bb = kkv_wt_block_bytes(w->type), nb = (size_t)(w->cols / 32);
+    const uint8_t *src = w->data;
+    const size_t Rz = (size_t)R;
+    uint8_t *out = dst; /* [groups][nb][R * bb] */
+    for (int64_t g0 = 0; g0 < w->rows; g0 += R) {
+        for (size_t b = 0; b < nb; b++, out += Rz * bb) {
+            for (int r = 0; r < R; r++) {
+                int64_t row = g0 + r < w->rows ? g0 + r : g0; /* a short group repeats its first row */
+                const uint8_t *blk = src + (size_t)row * w->row_bytes + b * bb;
+                for (int f = 0; f < F.n_f16; f++)
+                    memcpy(out + Rz * (size_t)F.f16[f] + 2 * (size_t)r, blk + F.f16[f], 2);
+                for (int f = 0; f < F.n_codes; f++)
+                    for (int i = 0; i < 4; i++)
+                        memcpy(out + Rz * (size_t)F.codes[f] + 4 * Rz * (size_t)i + 4 * (size_t)r,
+                               blk + F.codes[f] + 4 * i, 4);
+            }
+        }
+    }
+    return KKV_OK;
+}
