@@ -92,6 +92,38 @@ static void add_bias(float *x, const float *b, int n) {
 /* Runs one chunk through every layer. m->w.pos must hold each row's position.
  * On a failing kkv_append/attend/flush (non-finite activations) the cache
  * holds the layers done so far and the status is returned. */
+/* The gated activation (SwiGLU, or Gemma's GeGLU) of n * F values in place,
+ * in pool tasks of ACT_CHUNK values. Element by element, so the same bits
+ * however it is split. Why a pool job: one expf or tanhf per value made it
+ * ~2 ms of a decode step of 10 sequences on the calling thread alone (~3% of
+ * the CPU time, while the other thread waited). */
+#define ACT_CHUNK 4096
+
+typedef struct act_job {
+    float       *g;     /* [total] gate, overwritten with the activation */
+    const float *u;     /* [total] up */
+    size_t       total;
+    int          gemma;
+} act_job;
+
+static void act_task(void *ctx, int task) {
+    const act_job *a = ctx;
+    size_t i0 = (size_t)task * ACT_CHUNK;
+    int n = (int)(a->total - i0 < ACT_CHUNK ? a->total - i0 : ACT_CHUNK);
+    if (a->gemma) kkv_op_geglu(a->g + i0, a->u + i0, n);
+    else kkv_op_swiglu(a->g + i0, a->u + i0, n);
+}
+
+static void activate(const kkv_model *m, float *g, const float *u, size_t total) {
+    act_job a = {g, u, total, m->gemma};
+    size_t tasks = (total + ACT_CHUNK - 1) / ACT_CHUNK;
+    if (tasks <= 1) {
+        if (tasks) act_task(&a, 0);
+        return;
+    }
+    kkv_tp_run(m->tp, (int)tasks, act_task, &a);
+}
+
 static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
     const kkv_model_info *in = &m->info;
     const kkv_model_work *w = &m->w;
@@ -181,10 +213,7 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
             const kkv_weight *const w2[2] = {&L->w_gate, &L->w_up};
             KKV_TRY(kkv_matmul_multi(m->tp, 2, o2, w2, w->xn, n, m->matmul_impl));
         }
-        for (int i = 0; i < n; i++) {
-            if (m->gemma) kkv_op_geglu(row(w->gate, i, F), row(w->up, i, F), F);
-            else kkv_op_swiglu(row(w->gate, i, F), row(w->up, i, F), F);
-        }
+        activate(m, w->gate, w->up, (size_t)n * (size_t)F);
         KKV_TRY(mm(m, w->proj, &L->w_down, w->gate, n));
         if (L->post_ffn_norm)
             for (int i = 0; i < n; i++)
