@@ -136,8 +136,9 @@ typedef void (*kkv_qkv_hook)(void *user, int seq, int layer, int64_t pos, const 
 void kkv_model_set_qkv_hook(kkv_model *m, kkv_qkv_hook fn, void *user);
 
 /* A 64-bit fingerprint of the model's weights (XXH3 over every tensor's name,
- * type, shape and bytes; reads the whole file once, ~10 ms per 100 MB), never
- * 0. kkv_seq_save()/kkv_seq_load() callers use it to refuse states of another
+ * type, shape and bytes, computed once by kkv_model_load: ~10 ms per 100 MB),
+ * never 0 for a loaded model (0 for a vocabulary-only one or NULL).
+ * kkv_seq_save()/kkv_seq_load() callers use it to refuse states of another
  * model. */
 uint64_t kkv_model_fingerprint(const kkv_model *m);
 

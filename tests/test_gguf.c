@@ -396,6 +396,26 @@ static void test_mutations(void) {
 }
 
 /* The mmap path on a temp file, and on a missing file. */
+/* kkv_gguf_release on a parsed buffer (no mapping) leaves its bytes alone. */
+static void test_release_buffer(void) {
+    uint64_t ne[] = {65536};
+    wbuf b = small_tensor_file(1, ne, 0, 0, 4 * 65536);
+    const size_t off = b.n - 4 * 65536;
+    for (size_t i = 0; i < 4 * 65536; i++) b.p[off + i] = (uint8_t)(i * 7 + 1);
+    kkv_gguf *g = NULL;
+    CHECK(kkv_gguf_parse(&g, b.p, b.n) == KKV_OK, "%s", kkv_last_error());
+    const kkv_gguf_tensor *t = g ? kkv_gguf_find_tensor(g, "t") : NULL;
+    CHECK(t && t->nbytes == 4 * 65536, "tensor t");
+    if (t) {
+        kkv_gguf_release(g, t->data, t->nbytes);
+        int same = 1;
+        for (size_t i = 0; i < 4 * 65536; i++) same &= b.p[off + i] == (uint8_t)(i * 7 + 1);
+        CHECK(same, "a parsed buffer is not released");
+    }
+    kkv_gguf_close(g);
+    free(b.p);
+}
+
 static void test_open(void) {
     wbuf b = build_full(3, 32);
     char path[] = "/tmp/kkv_test_gguf_XXXXXX";
@@ -448,6 +468,17 @@ static int test_model(void) {
             CHECK(kkv_weight_from_tensor(&w, ti) == KKV_OK, "%s", kkv_last_error());
         }
     }
+    /* released pages of the mapping come back unchanged from the file */
+    const kkv_gguf_tensor *up = kkv_gguf_find_tensor(g, "blk.0.ffn_up.weight");
+    CHECK(up != NULL, "ffn_up");
+    if (up) {
+        uint8_t *copy = malloc(up->nbytes);
+        memcpy(copy, up->data, up->nbytes);
+        kkv_gguf_release(g, up->data, up->nbytes);
+        kkv_gguf_release(g, copy, up->nbytes); /* not in the mapping: ignored */
+        CHECK(memcmp(copy, up->data, up->nbytes) == 0, "released tensor reads back the same");
+        free(copy);
+    }
     kkv_gguf_close(g);
     return 0;
 }
@@ -485,6 +516,7 @@ int main(int argc, char **argv) {
     test_malformed();
     test_mutations();
     test_open();
+    test_release_buffer();
     int m = test_model();
     if (tu_failed()) return tu_summary();
     if (m == 77) {

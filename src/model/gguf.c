@@ -3,6 +3,7 @@
  * allocated, so a hostile header cannot make us allocate more than a small
  * multiple of the file size. After a successful parse every pointer handed
  * out is known to be inside the buffer. */
+#define _DEFAULT_SOURCE /* madvise */
 #include "model/gguf.h"
 
 #include <errno.h>
@@ -460,6 +461,17 @@ void kkv_gguf_close(kkv_gguf *g) {
     free(g->t_by_name);
     if (g->map) munmap(g->map, g->size);
     free(g);
+}
+
+void kkv_gguf_release(const kkv_gguf *g, const void *p, size_t n) {
+    if (!g || !g->map || n == 0) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)g->base;
+    uintptr_t a = (uintptr_t)p, b = a + n;
+    if (a < lo || b > lo + g->size || b < a) return; /* not ours */
+    a = (a + page - 1) / page * page;
+    b = b / page * page;
+    /* MAP_PRIVATE and never written: the pages come back from the file */
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
 /* ---- queries ---- */

@@ -43,6 +43,10 @@ kkv_status kkv_gguf_open(kkv_gguf **out, const char *path);
  * (for fuzzing and tests). Same errors as kkv_gguf_open. */
 kkv_status kkv_gguf_parse(kkv_gguf **out, const void *data, size_t size);
 void       kkv_gguf_close(kkv_gguf *g);
+/* Lets the system drop the mapped file pages wholly inside [p, p + n) (a
+ * tensor whose bytes the caller has copied): a later read faults them back
+ * in from the file, unchanged. Nothing for a parsed buffer (not a mapping). */
+void       kkv_gguf_release(const kkv_gguf *g, const void *p, size_t n);
 
 uint32_t   kkv_gguf_version(const kkv_gguf *g);
 uint64_t   kkv_gguf_n_kv(const kkv_gguf *g);

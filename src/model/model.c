@@ -393,11 +393,14 @@ kkv_status kkv_model_load(kkv_model **out, const char *path, int n_threads) {
     return s;
 }
 
+static kkv_status compute_fingerprint(kkv_model *m);
+
 /* The weights the matmul kernels of this CPU read faster packed
  * (kkv_wt_pack; same results), copied into one block. Only speed depends
  * on it; KKV_WT_PACK=0 in the environment turns it off (for comparisons).
- * Costs memory: the copies are as large as the packed tensors (their pages
- * in the file mapping are then read only by embedding lookups). */
+ * The copies are as large as the packed tensors; their pages in the file
+ * mapping are released (kkv_gguf_release), so the resident memory stays
+ * about the same. */
 static kkv_status pack_weights(kkv_model *m) {
     const int R = kkv_wt_pack_rows();
     if (!R) return KKV_OK;
@@ -440,6 +443,9 @@ static kkv_status pack_weights(kkv_model *m) {
         s = kkv_wt_pack(dst, all[i], R);
         all[i]->packed = dst;
         all[i]->pack_rows = R;
+        /* the matmuls read the copy; only embedding lookups (a row per
+         * token) still read the file's bytes, and fault those back in */
+        kkv_gguf_release(m->gguf, all[i]->data, (size_t)all[i]->rows * all[i]->row_bytes);
     }
     if (tied) {
         m->output.packed = m->tok_embd.packed;
@@ -470,6 +476,7 @@ kkv_status kkv_model_from_gguf(kkv_model **out, kkv_gguf *g, int n_threads) {
     m->gguf = g;
     kkv_status s = read_hparams(m);
     if (s == KKV_OK) s = load_tensors(m);
+    if (s == KKV_OK) s = compute_fingerprint(m);
     if (s == KKV_OK) s = pack_weights(m);
     if (s == KKV_OK) s = kkv_tok_from_gguf(&m->tok, m->gguf);
     /* Every id the tokenizer can produce must have an embedding row and every
@@ -585,12 +592,15 @@ void kkv_model_set_qkv_hook(kkv_model *m, kkv_qkv_hook fn, void *user) {
     m->hook_user = user;
 }
 
-uint64_t kkv_model_fingerprint(const kkv_model *m) {
-    if (!m) return 0;
-    /* every tensor's name, type, shape and bytes: a saved state made with
-     * other weights (or a re-quantized file) is refused */
+uint64_t kkv_model_fingerprint(const kkv_model *m) { return m ? m->fingerprint : 0; }
+
+/* Every tensor's name, type, shape and bytes: a saved state made with other
+ * weights (or a re-quantized file) is refused. At load, while the weights
+ * are being read for packing anyway, so that the released pages stay
+ * released. */
+static kkv_status compute_fingerprint(kkv_model *m) {
     XXH3_state_t *st = XXH3_createState();
-    if (!st) return 0;
+    if (!st) return kkv_fail(KKV_ERR_NOMEM, "model: out of memory");
     XXH3_64bits_reset(st);
     XXH3_64bits_update(st, &m->info.n_layers, sizeof m->info.n_layers);
     uint64_t n = kkv_gguf_n_tensors(m->gguf);
@@ -603,7 +613,8 @@ uint64_t kkv_model_fingerprint(const kkv_model *m) {
     }
     uint64_t h = XXH3_64bits_digest(st);
     XXH3_freeState(st);
-    return h ? h : 1; /* 0 means "no model" in a saved state */
+    m->fingerprint = h ? h : 1; /* 0 means "no model" in a saved state */
+    return KKV_OK;
 }
 
 void kkv_model_get_info(const kkv_model *m, kkv_model_info *out) {
