@@ -84,7 +84,6 @@ struct kkv_model {
     kkv_layer     *layers;     /* [n_layers] */
     uint64_t       fingerprint; /* kkv_model_fingerprint, computed at load (0: vocabulary only) */
     void          *packed_mem; /* owned: every weight's packed copy (kkv_wt_pack), or NULL */
-    size_t         packed_bytes;
     kkv_model_work w;
     float         *work_mem;   /* backing store of w (one block) */
 };
