@@ -121,24 +121,23 @@ static int rows_covers(uint32_t type) {
     return type == KKV_WT_Q4_0 || type == KKV_WT_Q4_1 || type == KKV_WT_Q8_0;
 }
 
-static int avx2_dot_q_rows(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,
-                           const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end) {
-    if (!rows_covers(type)) return 0;
-    if (nx == 0) return 1; /* the question alone */
-    int64_t nb = cols / 32;
-    ROWS_NX_SWITCH(rows_q_nx);
-    return 1;
-}
+/* A table entry `name` (the dot_q_rows signature) running kernel body fn:
+ * 0 for a type it does not cover, 1 without work for nx == 0 (the question
+ * alone). */
+#define ROWS_ENTRY(name, fn)                                                                         \
+    static int name(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,           \
+                    const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end) { \
+        if (!rows_covers(type)) return 0;                                                          \
+        if (nx == 0) return 1;                                                                     \
+        int64_t nb = cols / 32;                                                                    \
+        ROWS_NX_SWITCH(fn);                                                                        \
+        return 1;                                                                                  \
+    }
+
+ROWS_ENTRY(avx2_dot_q_rows, rows_q_nx)
 
 #ifndef KKV_WT_ZMM
-static int avx2_dot_q_pack8(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,
-                            const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end) {
-    if (!rows_covers(type)) return 0;
-    if (nx == 0) return 1;
-    int64_t nb = cols / 32;
-    ROWS_NX_SWITCH(pk8_q_nx);
-    return 1;
-}
+ROWS_ENTRY(avx2_dot_q_pack8, pk8_q_nx)
 #endif
 
 #ifdef KKV_WT_ZMM
@@ -201,21 +200,7 @@ static inline __m512 pk16_f16(const uint8_t *const *rp, size_t off) {
 #include "model/weights_rows_zmm.h"
 #include "model/weights_rows_body.h"
 
-static int zmm_dot_q_pack16(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,
-                            const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end) {
-    if (!rows_covers(type)) return 0;
-    if (nx == 0) return 1;
-    int64_t nb = cols / 32;
-    ROWS_NX_SWITCH(pk16_q_nx);
-    return 1;
-}
+ROWS_ENTRY(zmm_dot_q_pack16, pk16_q_nx)
 
-static int zmm_dot_q_rows16(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,
-                            const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end) {
-    if (!rows_covers(type)) return 0;
-    if (nx == 0) return 1;
-    int64_t nb = cols / 32;
-    ROWS_NX_SWITCH(rows16_q_nx);
-    return 1;
-}
+ROWS_ENTRY(zmm_dot_q_rows16, rows16_q_nx)
 #endif
