@@ -825,6 +825,8 @@ kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const floa
     if (tasks > 1 << 30) { /* keeps the task count an int; rows_per_task grows instead */
         c.n_big = 0;
         c.rows_per_task = (w->rows + (1 << 30) - 1) >> 30;
+        if (c.row_block) /* tasks start on a row block (a packed group) */
+            c.rows_per_task = (c.rows_per_task + c.row_block - 1) / c.row_block * c.row_block;
         tasks = (w->rows + c.rows_per_task - 1) / c.rows_per_task;
     }
     kkv_tp_run(tp, (int)tasks, mm_task, &c);
