@@ -89,9 +89,6 @@ static void add_bias(float *x, const float *b, int n) {
     for (int i = 0; i < n; i++) x[i] += b[i];
 }
 
-/* Runs one chunk through every layer. m->w.pos must hold each row's position.
- * On a failing kkv_append/attend/flush (non-finite activations) the cache
- * holds the layers done so far and the status is returned. */
 /* The gated activation (SwiGLU, or Gemma's GeGLU) of n * F values in place,
  * in pool tasks of ACT_CHUNK values. Element by element, so the same bits
  * however it is split. Why a pool job: one expf or tanhf per value made it
@@ -124,6 +121,9 @@ static void activate(const kkv_model *m, float *g, const float *u, size_t total)
     kkv_tp_run(m->tp, (int)tasks, act_task, &a);
 }
 
+/* Runs one chunk through every layer. m->w.pos must hold each row's position.
+ * On a failing kkv_append/attend/flush (non-finite activations) the cache
+ * holds the layers done so far and the status is returned. */
 static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
     const kkv_model_info *in = &m->info;
     const kkv_model_work *w = &m->w;

@@ -407,7 +407,7 @@ static kkv_status pack_weights(kkv_model *m) {
     int nl = m->info.n_layers, tied = m->output.data == m->tok_embd.data;
     int nw = 7 * nl + 2;
     kkv_weight **all = malloc((size_t)nw * sizeof *all); /* [nw] */
-    size_t *off = malloc((size_t)nw * sizeof *off);      /* [nw] byte offsets in packed_mem */
+    size_t *off = malloc((size_t)(nw + 1) * sizeof *off); /* [nw + 1] byte offsets in packed_mem */
     if (!all || !off) {
         free(all);
         free(off);
@@ -421,22 +421,19 @@ static kkv_status pack_weights(kkv_model *m) {
         kkv_weight *lw[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (int i = 0; i < 7; i++) all[k++] = lw[i];
     }
-    size_t total = 0;
     kkv_status s = KKV_OK;
-    for (int i = 0; i < k && s == KKV_OK; i++) {
+    off[0] = 0;
+    for (int i = 0; i < k && s == KKV_OK; i++) { /* off[i + 1] - off[i]: 0 for an unpacked type */
         size_t b;
         s = kkv_wt_packed_size(&b, all[i], R);
-        off[i] = total;
         b = (b + 63) & ~(size_t)63;
-        if (s == KKV_OK && b > SIZE_MAX - total) s = kkv_fail(KKV_ERR_NOMEM, "model: packed weights too large");
-        total += b;
+        if (s == KKV_OK && b > SIZE_MAX - off[i]) s = kkv_fail(KKV_ERR_NOMEM, "model: packed weights too large");
+        off[i + 1] = off[i] + b;
     }
     /* no room for the copy: the model runs unpacked (the same results, slower) */
-    if (s == KKV_OK && total > 0) m->packed_mem = aligned_alloc(64, total);
+    if (s == KKV_OK && off[k] > 0) m->packed_mem = aligned_alloc(64, off[k]);
     for (int i = 0; i < k && s == KKV_OK && m->packed_mem; i++) {
-        size_t b;
-        kkv_wt_packed_size(&b, all[i], R);
-        if (b == 0) continue;
+        if (off[i + 1] == off[i]) continue;
         uint8_t *dst = (uint8_t *)m->packed_mem + off[i];
         s = kkv_wt_pack(dst, all[i], R);
         all[i]->packed = dst;
