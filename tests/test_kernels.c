@@ -589,15 +589,19 @@ static void test_vnni_exact(const char *name, qk_page_fn qk, pv_page_fn pv, tu_r
             uint8_t *kp = xmalloc(kkv_key_page_bytes(D, G, D));
             uint8_t *vp = xmalloc(kkv_value_page_bytes(D, G, 4));
             for (int nb = 0; nb <= D && !tu_failed(); nb += (D <= 12 ? 1 : D / 8 + 1)) {
-                int R = 1 + tu_int(r, 8);
                 for (int i = 0; i < G * D; i++)
                     x[i] = tu_normal(r) * ((i % D) % 5 == 2 ? 20.0f : (i % D) % 7 == 3 ? 0.05f : 1.0f);
-                rand_f32(r, q, R * D);
                 kkv_key_page_encode(kp, x, D, G, nb, KKV_SELECT_RANDOM, 3, (uint64_t)nb, NULL);
-                kkv_avx2i_qk_page(s0, q, R, kp, D, G, nb);
-                qk(s1, q, R, kp, D, G, nb);
-                CHECK(memcmp(s0, s1, (size_t)R * G * 4) == 0, "%s qk_page D=%d G=%d nb=%d n_rep=%d: not bit-identical to avx2", name, D, G, nb, R);
-                n_cmp++;
+                /* a random head count, and 3 and 4: the shapes with their own
+                 * constant-size copy (D 64 / 256 at G 128) */
+                for (int t = 0; t < 3; t++) {
+                    int R = t == 0 ? 1 + tu_int(r, 8) : t + 2;
+                    rand_f32(r, q, R * D);
+                    kkv_avx2i_qk_page(s0, q, R, kp, D, G, nb);
+                    qk(s1, q, R, kp, D, G, nb);
+                    CHECK(memcmp(s0, s1, (size_t)R * G * 4) == 0, "%s qk_page D=%d G=%d nb=%d n_rep=%d: not bit-identical to avx2", name, D, G, nb, R);
+                    n_cmp++;
+                }
             }
             for (int bits = 2; bits <= 4 && !tu_failed(); bits += 2)
                 for (int R = 1; R <= 8; R++) {
@@ -619,6 +623,44 @@ static void test_vnni_exact(const char *name, qk_page_fn qk, pv_page_fn pv, tu_r
     printf("kernel %s: %d page calls bit-identical to the avx2 integer kernels\n", name, n_cmp);
 }
 #endif
+
+/* Inputs the integer path cannot represent (an infinite query, a negative,
+ * NaN or infinite probability) take exactly the float kernels' result, and
+ * nothing of the integer pass is left in acc: the shapes with their own
+ * constant-size copies (D 64 / 3 heads, D 256 / 4), more heads than one pass
+ * (the bad value in the second pass), pages longer than one token block. */
+static void test_fallback_exact(const char *name, qk_page_fn qk, pv_page_fn pv, tu_rng *r) {
+    static const int shapes[][3] = {{64, 128, 3}, {256, 128, 4}, {64, 128, 6}, {12, 256, 2}, {64, 256, 5}};
+    int n_cmp = 0;
+    for (int si = 0; si < NELEM(shapes) && !tu_failed(); si++) {
+        int D = shapes[si][0], G = shapes[si][1], R = shapes[si][2], nb = D / 8;
+        float *x = xmalloc((size_t)G * D * 4), *q = xmalloc((size_t)R * D * 4), *p = xmalloc((size_t)R * G * 4);
+        float *s0 = xmalloc((size_t)R * G * 4), *s1 = xmalloc((size_t)R * G * 4);
+        float *a0 = xmalloc((size_t)R * D * 4), *a1 = xmalloc((size_t)R * D * 4);
+        uint8_t *kp = xmalloc(kkv_key_page_bytes(D, G, nb)), *vp = xmalloc(kkv_value_page_bytes(D, G, 2));
+        for (int i = 0; i < G * D; i++) x[i] = tu_normal(r);
+        kkv_key_page_encode(kp, x, D, G, nb, KKV_SELECT_MAGNITUDE, 0, 0, NULL);
+        kkv_value_page_encode(vp, x, D, G, 2);
+        for (int i = 0; i < R * D; i++) q[i] = tu_normal(r);
+        q[(size_t)(R - 1) * D + D / 2] = INFINITY;
+        kkv_avx2_qk_page(s0, q, R, kp, D, G, nb);
+        qk(s1, q, R, kp, D, G, nb);
+        CHECK(memcmp(s0, s1, (size_t)R * G * 4) == 0, "%s qk_page D=%d G=%d n_rep=%d, an infinite query: not the float kernel's result", name, D, G, R);
+        static const float bad[3] = {-0.5f, NAN, INFINITY};
+        for (int b = 0; b < 3; b++) {
+            for (int i = 0; i < R * G; i++) p[i] = fabsf(tu_uniform(r));
+            p[(size_t)(b == 1 ? 0 : R - 1) * G + G - 3] = bad[b];
+            rand_f32(r, a0, R * D);
+            memcpy(a1, a0, (size_t)R * D * 4);
+            kkv_avx2_pv_page(a0, p, R, vp, D, G, 2);
+            pv(a1, p, R, vp, D, G, 2);
+            CHECK(memcmp(a0, a1, (size_t)R * D * 4) == 0, "%s pv_page D=%d G=%d n_rep=%d, probability %g: not the float kernel's result", name, D, G, R, (double)bad[b]);
+            n_cmp += 2;
+        }
+        free(x), free(q), free(p), free(s0), free(s1), free(a0), free(a1), free(kp), free(vp);
+    }
+    printf("kernel %s: %d non-representable page calls equal to the float kernels\n", name, n_cmp);
+}
 
 #if defined(__x86_64__)
 typedef size_t (*plan_bytes_fn)(int);
@@ -934,25 +976,8 @@ int main(int argc, char **argv) {
         test_qk_page("avx2-float", kkv_avx2_qk_page, 0, &r, &st);
         test_pv_page("avx2-float", kkv_avx2_pv_page, 0, &r, &st);
         printf("kernel avx2 float page fallback: worst error %.3g of magnitude (tolerance %g)\n", st.worst, TOL_PRIM);
-        /* inputs the integer path cannot represent take exactly the float kernels */
-        enum { D = 64, G = 128, R = 3 };
-        static float x[G * D], q[R * D], p[R * G], s0[R * G], s1[R * G], a0[R * D], a1[R * D];
-        static uint8_t kp[8192], vp[8192];
-        for (int i = 0; i < G * D; i++) x[i] = tu_normal(&r);
-        for (int i = 0; i < R * D; i++) q[i] = tu_normal(&r);
-        for (int i = 0; i < R * G; i++) p[i] = fabsf(tu_uniform(&r));
-        kkv_key_page_encode(kp, x, D, G, 8, KKV_SELECT_MAGNITUDE, 0, 0, NULL);
-        kkv_value_page_encode(vp, x, D, G, 2);
-        q[D + 5] = INFINITY;
-        kkv_avx2_qk_page(s0, q, R, kp, D, G, 8);
-        kkv_avx2i_qk_page(s1, q, R, kp, D, G, 8);
-        CHECK(memcmp(s0, s1, sizeof s0) == 0, "qk_page with an infinite query: not the float kernel's result");
-        p[2 * G + 7] = -0.5f;
-        memset(a0, 0, sizeof a0);
-        memset(a1, 0, sizeof a1);
-        kkv_avx2_pv_page(a0, p, R, vp, D, G, 2);
-        kkv_avx2i_pv_page(a1, p, R, vp, D, G, 2);
-        CHECK(memcmp(a0, a1, sizeof a0) == 0, "pv_page with a negative probability: not the float kernel's result");
+        tu_rng rf = tu_rng_make(78);
+        test_fallback_exact("avx2-int", kkv_avx2i_qk_page, kkv_avx2i_pv_page, &rf);
     }
     if (cpu->avx2) {
         tu_rng r = tu_rng_make(93);
@@ -965,6 +990,7 @@ int main(int argc, char **argv) {
     if (cpu->vnni) {
         tu_rng r = tu_rng_make(91);
         test_vnni_exact("avx512-vnni", kkv_vnni512_qk_page, kkv_vnni512_pv_page, &r);
+        test_fallback_exact("avx512-vnni", kkv_vnni512_qk_page, kkv_vnni512_pv_page, &r);
     } else {
         printf("kernel avx512-vnni: not on this CPU (or capped by KKV_CPU), skipped\n");
     }
@@ -976,6 +1002,7 @@ int main(int argc, char **argv) {
         tu_rng r = tu_rng_make(95);
         test_plan_exact("avx512-vbmi", kkv_vbmi512_qk_page, kkv_vbmi512_qk_plan_bytes, kkv_vbmi512_qk_plan, kkv_vbmi512_qk_page_plan, &r);
         test_vnni_exact("avx512-vbmi", kkv_vbmi512_qk_page, kkv_vbmi512_pv_page, &r);
+        test_fallback_exact("avx512-vbmi", kkv_vbmi512_qk_page, kkv_vbmi512_pv_page, &r);
     } else {
         printf("kernel avx512-vbmi: not on this CPU (or capped by KKV_CPU), skipped\n");
     }
@@ -983,6 +1010,7 @@ int main(int argc, char **argv) {
         tu_rng r = tu_rng_make(92);
         cmp_stats st = {0};
         test_vnni_exact("avx-vnni", kkv_avxvnni_qk_page, kkv_avxvnni_pv_page, &r);
+        test_fallback_exact("avx-vnni", kkv_avxvnni_qk_page, kkv_avxvnni_pv_page, &r);
         test_qk_page("avx-vnni", kkv_avxvnni_qk_page, 1, &r, &st);
         test_pv_page("avx-vnni", kkv_avxvnni_pv_page, 1, &r, &st);
     } else {
