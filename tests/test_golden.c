@@ -17,6 +17,7 @@
 
 #include "kittykv.h"
 #include "kittykv_cpu.h"
+#include "core/cpu.h"
 #include "testutil.h"
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
@@ -148,8 +149,10 @@ int main(void) {
         CHECK(h1[0] == h[0] && h1[2] == h[2], "case %d: thread count changed the result", i);
         /* the best table (AVX-512, with VNNI page kernels where present) gives
          * exactly the AVX2 table's outputs: same float primitives, and integer
-         * page kernels whose sums are exact in every variant */
-        if (has_avx2)
+         * page kernels whose sums are exact in every variant; except with
+         * VBMI, whose key kernel rounds the query to 15 bits instead of 8
+         * (test_kernels holds it to its own bound) */
+        if (has_avx2 && !kkv_cpu_get()->vbmi)
             CHECK(h1[0] == a2[0], "case %d (%s): best-kernel outputs differ from AVX2's", i, g->name);
     }
     return print ? 0 : tu_summary();

@@ -16,7 +16,9 @@
  *     range scale_j * maxq_j: within 4x of the page's largest, 16x, the
  *     rest), each code multiplies an error <= d_g/2:
  *     |s_t - ref_t| <= sum_j d_g(j)/2 * |c_tj - maxq_j/2| + 1e-5 * M (the
- *     kernel centres the codes through a per-page constant);
+ *     kernel centres the codes through a per-page constant); the wide key
+ *     kernel of the VBMI table rounds f to 15 bits on one step per head,
+ *     d = max_j |f_j| / 32639, and is held to the same sum with that d;
  *   pv_page: the folded probabilities w_t = p_t * scale_t are rounded to
  *     uint8 with step e = max_t w_t / 255 per block of 128 tokens:
  *     |acc_j - ref_j| <= sum_blocks e/2 * sum_t |c_tj - maxq/2| + 1e-5 * M.
@@ -29,7 +31,8 @@
  * softmax weights by a factor exp(+-2x), x ~ 1e-3 here, plus the value error),
  * and 1 vs 2 threads must be bit-identical.
  *
- *     test_kernels [--bench-plan]   (--bench-plan: time the planned key kernel, no tests) */
+ *     test_kernels [--bench-plan | --bench-pages [NB]]   (time the planned key kernel,
+ *     or the best table's page kernels; no tests) */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,7 +189,8 @@ static int value_code(const uint8_t *page, const kkv_value_layout *L, int D, int
 static double worst_int_ratio;
 
 /* Compares fn against the scalar qk_page on one page; is_int: allow the
- * integer-domain bound of the header comment. */
+ * integer-domain bound of the header comment (1: the int8 kernels' channel
+ * groups; 2: the wide kernel's one step d = max |f| / 32639 per head). */
 static int check_qk_page(qk_page_fn fn, int is_int, const float *q, int R, const uint8_t *page,
                          const float *kd, int D, int G, int nb, float *s0, float *s1, cmp_stats *st) {
     kkv_key_layout L = kkv_key_layout_of(D, G, nb);
@@ -196,7 +200,7 @@ static int check_qk_page(qk_page_fn fn, int is_int, const float *q, int R, const
     for (int rr = 0; rr < R; rr++) {
         /* int8 step of the folded query per channel group: groups by key range
          * scale * maxq within (1/4, 1], (1/16, 1/4], the rest, of the largest */
-        double dg[3] = {0, 0, 0};
+        double dg[3] = {0, 0, 0}, fmx = 0;
         int grp[KKV_MAX_HEAD_DIM];
         float rmax = 0.0f;
         for (int j = 0; j < D; j++) {
@@ -209,6 +213,11 @@ static int check_qk_page(qk_page_fn fn, int is_int, const float *q, int R, const
             grp[j] = rg > rmax * 0.25f ? 0 : rg > rmax * 0.0625f ? 1 : 2;
             float f = q[rr * D + j] * sc;
             dg[grp[j]] = fmax(dg[grp[j]], fabs((double)f) / 127.0);
+            fmx = fmax(fmx, fabs((double)f));
+        }
+        if (is_int == 2) { /* the wide kernel: one step for all channels, 15 bits */
+            dg[0] = fmx / 32639.0;
+            for (int j = 0; j < D; j++) grp[j] = 0;
         }
         for (int t = 0; t < G; t++) {
             double mag = 0, csum = 0;
@@ -756,6 +765,64 @@ static int bench_plan(void) {
 }
 #endif
 
+/* test_kernels --bench-pages [NB]: CPU ns of the best table's page kernels
+ * on the engines' decode shape (D 64, G 128, 3 query heads, NB boosted
+ * channels, default 8 = kitty; 16 = kitty-pro): qk_page, softmax and pv_page
+ * (2-bit values) hot on one page, then a page pair (keys, softmax, values)
+ * in place over NP pairs 32 KB apart, visited in a scrambled order with the
+ * next pair prefetched as kkv_attend does. Ratios within one run; not a test. */
+static int bench_pages(int nb) {
+    enum { D = 64, G = 128, R = 3, NP = 8192, ITERS = 200000 };
+    const kkv_ops *ops = kkv_ops_get(KKV_KERNEL_AUTO);
+    size_t stride = 32768, kb = kkv_key_page_bytes(D, G, nb), vb = kkv_value_page_bytes(D, G, 2);
+    uint8_t *pool = xmalloc(stride * NP); /* [NP] slots: key page, then value page */
+    static float x[G * D], q[R * D], s[R * G], s0[R * G], ml[R * 2], acc[R * D];
+    tu_rng r = tu_rng_make(5);
+    for (int p = 0; p < NP; p++) {
+        for (int i = 0; i < G * D; i++) x[i] = tu_normal(&r) * ((i % D) % 5 == 2 ? 4.0f : 1.0f);
+        kkv_key_page_encode(pool + (size_t)p * stride, x, D, G, nb, KKV_SELECT_MAGNITUDE, 0, 0, NULL);
+        for (int i = 0; i < G * D; i++) x[i] = tu_normal(&r);
+        kkv_value_page_encode(pool + (size_t)p * stride + 16384, x, D, G, 2);
+    }
+    rand_f32(&r, q, R * D);
+    for (int i = 0; i < R * G; i++) s0[i] = 0.01f * (float)(i % 97);
+    printf("page kernels of table %s, D %d G %d n_boost %d, %d heads: key page %zu B, value page %zu B\n",
+           kkv_kernel_name(ops->kind), D, G, nb, R, kb, vb);
+    static const char *nm[] = {"qk_page", "softmax", "pv_page", "pair"};
+    for (int round = 0; round < 3; round++) {
+        for (int k = 0; k < 3; k++) {
+            clock_t c0 = clock();
+            for (int it = 0; it < ITERS; it++) {
+                if (k == 0) ops->qk_page(s, q, R, pool, D, G, nb);
+                else if (k == 1) {
+                    memcpy(s, s0, sizeof s);
+                    for (int h = 0; h < R; h++) ml[2 * h] = -INFINITY, ml[2 * h + 1] = 0.0f;
+                    ops->softmax(s, ml, acc, R, G, D, 0.125f);
+                } else ops->pv_page(acc, s, R, pool + 16384, D, G, 2);
+            }
+            double ns = 1e9 * (double)(clock() - c0) / CLOCKS_PER_SEC / ITERS;
+            printf("round %d hot      %-8s %7.1f cpu ns/page%s\n", round, nm[k], ns, k == 1 ? " (with its reset)" : "");
+        }
+        for (int h = 0; h < R; h++) ml[2 * h] = -INFINITY, ml[2 * h + 1] = 0.0f;
+        memset(acc, 0, sizeof acc);
+        clock_t c0 = clock();
+        for (int it = 0; it < ITERS; it++) {
+            size_t p = ((unsigned)it * 2654435761u) % NP, nx = ((unsigned)(it + 1) * 2654435761u) % NP;
+            const uint8_t *pg = pool + p * stride, *npg = pool + nx * stride;
+            for (size_t o = 0; o < kb; o += 64) __builtin_prefetch(npg + o, 0, 1);
+            ops->qk_page(s, q, R, pg, D, G, nb);
+            for (size_t o = 0; o < vb; o += 64) __builtin_prefetch(npg + 16384 + o, 0, 1);
+            ops->softmax(s, ml, acc, R, G, D, 0.125f);
+            ops->pv_page(acc, s, R, pg + 16384, D, G, 2);
+        }
+        double ns = 1e9 * (double)(clock() - c0) / CLOCKS_PER_SEC / ITERS;
+        printf("round %d in place %-8s %7.1f cpu ns/page pair (%.2f GB/s of pages)\n", round, nm[3], ns,
+               (double)(kb + vb) / ns);
+    }
+    free(pool);
+    return 0;
+}
+
 static void test_dispatch(void) {
     const kkv_cpu *cpu = kkv_cpu_get();
     kkv_kernel best = kkv_kernel_best();
@@ -765,7 +832,7 @@ static void test_dispatch(void) {
     CHECK((kkv_ops_get(KKV_KERNEL_AVX512) != NULL) == (cpu->avx512 != 0), "avx512 table vs cpu");
 #if defined(__x86_64__)
     if (cpu->avx512)
-        CHECK(kkv_ops_get(KKV_KERNEL_AVX512)->qk_page == (cpu->vbmi   ? kkv_vbmi512_qk_page
+        CHECK(kkv_ops_get(KKV_KERNEL_AVX512)->qk_page == (cpu->vbmi   ? kkv_vbmi512_qk_wide
                                                            : cpu->vnni ? kkv_vnni512_qk_page
                                                                        : kkv_avx2i_qk_page),
               "avx512 table: VBMI / VNNI page kernels exactly where the CPU has them");
@@ -939,6 +1006,7 @@ int main(int argc, char **argv) {
 #if defined(__x86_64__)
     if (argc > 1 && strcmp(argv[1], "--bench-plan") == 0) return bench_plan();
 #endif
+    if (argc > 1 && strcmp(argv[1], "--bench-pages") == 0) return bench_pages(argc > 2 ? atoi(argv[2]) : 8);
     (void)argv;
     test_dispatch();
     {
@@ -962,7 +1030,12 @@ int main(int argc, char **argv) {
         test_pv_f16(tables[i], &r, &st);
         const char *nm = kkv_kernel_name(tables[i]->kind);
         int is_int = tables[i]->kind != KKV_KERNEL_SCALAR;
-        test_qk_page(nm, tables[i]->qk_page, is_int, &r, &st);
+#if defined(__x86_64__)
+        int qk_bound = tables[i]->qk_page == kkv_vbmi512_qk_wide ? 2 : is_int; /* its own step */
+#else
+        int qk_bound = is_int;
+#endif
+        test_qk_page(nm, tables[i]->qk_page, qk_bound, &r, &st);
         test_pv_page(nm, tables[i]->pv_page, is_int, &r, &st);
         test_softmax(tables[i], &r, &st);
         test_encode(tables[i], &r);
@@ -997,6 +1070,13 @@ int main(int argc, char **argv) {
     if (cpu->avx512) {
         tu_rng r = tu_rng_make(96);
         test_softmax512_exact(&r);
+    }
+    if (cpu->vbmi) {
+        tu_rng r = tu_rng_make(97);
+        cmp_stats st = {0};
+        worst_int_ratio = 0;
+        test_qk_page("avx512-vbmi-wide", kkv_vbmi512_qk_wide, 2, &r, &st);
+        printf("kernel avx512-vbmi wide qk_page: worst error %.3f of its bound\n", worst_int_ratio);
     }
     if (cpu->vbmi) {
         tu_rng r = tu_rng_make(95);

@@ -35,6 +35,11 @@ void kkv_vbmi512_qk_page(float *s, const float *q, int n_rep, const uint8_t *pag
                          int nb);
 void kkv_vbmi512_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
                          int bits);
+/* Key scores with a 15-bit query on one step per page and head
+ * (attn_qkwide_vbmi_avx512.c; where the CPU has AVX-512 VBMI + VNNI). Its
+ * own error bound (d = max |q_j scale_j| / 32639), not the int8 kernels' bits. */
+void kkv_vbmi512_qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
+                         int nb);
 void kkv_avxvnni_qk_page(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
                          int nb);
 void kkv_avxvnni_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,

@@ -1,8 +1,10 @@
-/* Integer-domain page kernels with AVX-512 VBMI + VNNI: 512-bit vpdpbusd on
- * code quads that one vpermb / vpermt2b per row chunk builds (attn_int_impl.h,
+/* Integer-domain value kernel with AVX-512 VBMI + VNNI: 512-bit vpdpbusd on
+ * token quads that one vpermb per row chunk builds (attn_int_impl.h,
  * KKV_INT_VBMI). Run only where kkv_cpu_get()->vbmi; results bit-identical to
- * attn_int_avx2.c, since every integer sum is exact. The pair schedule and the
- * folds are those of the 256-bit VNNI build (KKV_INT_DPBUSD). */
+ * attn_int_avx2.c, since every integer sum is exact. The VBMI table's key
+ * kernel is the wide-query one (attn_qkwide_vbmi_avx512.c); this file's
+ * kkv_vbmi512_qk_page is the int8 pair kernel of the 256-bit VNNI build,
+ * kept with its plan entry points for the tests' cross-checks. */
 #define KKV_INT_DPBUSD(acc, u8, s8) _mm256_dpbusd_epi32(acc, u8, s8)
 #define KKV_INT_VBMI 1
 #define KKV_INT_QK kkv_vbmi512_qk_page

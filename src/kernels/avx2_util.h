@@ -4,6 +4,7 @@
 #define KKV_KERNELS_AVX2_UTIL_H
 
 #include <immintrin.h>
+#include <stdint.h>
 
 #define AI static inline __attribute__((always_inline))
 
@@ -23,6 +24,15 @@ AI float hmax(__m256 a) {
     x = _mm_max_ps(x, _mm_movehl_ps(x, x));
     x = _mm_max_ss(x, _mm_movehdup_ps(x));
     return _mm_cvtss_f32(x);
+}
+
+/* fp16 [n] (n a multiple of 4) of a page to fp32 (needs -mf16c). */
+AI void f16_row(float *dst, const uint8_t *src, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i))));
+    for (; i < n; i += 4)
+        _mm_storeu_ps(dst + i, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)(src + 2 * i))));
 }
 
 #endif

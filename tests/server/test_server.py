@@ -493,7 +493,9 @@ def test_queue_and_pool(exe, model, srcdir):
     srv = Server(exe, ["-m", model, "-t", "2", "--kv", "fp16", "--kv-budget", "64",
                        "--parallel", "1", "--queue", "1", "--queue-timeout", "1", "-c", "1024"])
     try:
-        long_req = {"prompt": "Count: 1, 2, 3,", "max_tokens": 300, "ignore_eos": True,
+        # long enough to outlast the 1 s queue timeout on a fast CPU (a 300-token
+        # request ended in 0.9 s on a Zen 5, and the queued one was served)
+        long_req = {"prompt": "Count: 1, 2, 3,", "max_tokens": 1000, "ignore_eos": True,
                     "temperature": 0}
         res = {}
 

@@ -1,0 +1,228 @@
+/* Key page scores with a wide (15-bit) query: AVX-512 VBMI + VNNI.
+ *
+ * s_t = sum_j q_j k_tj with k_tj = c_tj * scale_j + mn_j, so
+ *   s_t = sum_j f_j c_tj + sum_j q_j mn_j,   f_j = q_j * scale_j.
+ * Per page and query head f is rounded to integers x_j on ONE step
+ *   d = max_j |f_j| / QMAX,  QMAX = 127 * 256 + 127 = 32639,
+ * and each x_j is split into two signed bytes, x = 256 a + b (a, b in
+ * [-127, 127]). vpdpbusd multiplies the unsigned 2-bit / 4-bit codes by a and
+ * by b into two int32 sums A and B; 256 A + B = sum_j x_j c_tj exactly (|A| <=
+ * 127 * 15 * 256 * 2, far from overflow). This is the int16 query of the
+ * issue in the instruction the CPU is fastest at.
+ *
+ * Why not the int8 kernel of attn_int_impl.h: with 8 bits one step per page
+ * is too coarse (an outlier channel sets the step of all), so that kernel
+ * sorts channels into three groups by key range, each with its own step,
+ * partial sums and permuted query. That bookkeeping was about half its time
+ * per page. With a 256x finer step none of it is needed: channels stay in
+ * their stored order, four consecutive rows of the lo plane are one quad,
+ * and the high plane's rows (in rank order, FORMAT.md section 2) are quads of
+ * their own whose codes are shifted to 0/4/8/12 and whose weights are the
+ * query of the channel each row belongs to. Twice the vpdpbusd of the int8
+ * kernel, far fewer of everything else.
+ *
+ * Error (the tests' bound): codes are centred on maxq/2 through the per-head
+ * constant, as in the int8 kernel, so
+ *   |s_t - exact| <= d/2 * sum_j |c_tj - maxq_j/2|  (+ float rounding).
+ * A non-finite f falls back to the float kernel (kkv_avx2_qk_page). Pure
+ * function of its inputs: bit-identical for any thread count. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/attn_simd.h"
+#include "kernels/avx2_util.h"
+#include "core/fp16.h"
+#include "quant/quant.h"
+
+#define QMAX 32639.0f
+#define RBW 4                               /* query heads per pass over the page */
+#define WQ (KKV_MAX_HEAD_DIM + KKV_MAX_HEAD_DIM) /* weight bytes: lo channels, then hi ranks */
+
+/* vpermt2b indices of a channel quad from two registers holding rows 0, 1
+ * (bytes 0..63) and rows 2, 3 (64..127) of 32 bytes each: output byte
+ * 4i + e is row e's byte i; [0] for row bytes 0..15, [1] for 16..31. */
+#define QX4(i) (i), 32 + (i), 64 + (i), 96 + (i)
+#define QX16(b) QX4(b), QX4(b + 1), QX4(b + 2), QX4(b + 3), QX4(b + 4), QX4(b + 5), QX4(b + 6), \
+                QX4(b + 7), QX4(b + 8), QX4(b + 9), QX4(b + 10), QX4(b + 11), QX4(b + 12),       \
+                QX4(b + 13), QX4(b + 14), QX4(b + 15)
+static const uint8_t quad_ix[2][64] = {{QX16(0)}, {QX16(16)}};
+
+/* vpermt2ps indices putting four per-phase vectors back in token order:
+ * output block o of a half holds tokens 4m + e (m = 0..3) of i = 4o + m;
+ * even e from the first source (phase 0 or 2), odd e from the second
+ * (phase 1 or 3). One table serves both pairs of phases. */
+#define TI(o, m) 4 * (o) + (m), 16 + 4 * (o) + (m), 4 * (o) + (m), 16 + 4 * (o) + (m)
+#define TO(o) TI(o, 0), TI(o, 1), TI(o, 2), TI(o, 3)
+static const int32_t tok_ix[4][16] = {{TO(0)}, {TO(1)}, {TO(2)}, {TO(3)}};
+
+/* Two rows of a quad, bytes [0, n) of each (r: the first row at the chunk's
+ * offset; m: the n bytes), in one register; a dead row reads as zeros. */
+AI __m512i rows2(const uint8_t *r, size_t rowb, __mmask32 m, int live0, int live1) {
+    if (rowb == 32 && m == 0xFFFFFFFFu && live0 && live1) return _mm512_loadu_si512(r); /* adjacent */
+    __m256i a = _mm256_maskz_loadu_epi8(live0 ? m : 0, r);
+    __m256i b = _mm256_maskz_loadu_epi8(live1 ? m : 0, r + rowb);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+/* The quad of rows r .. r + 3 (nr of them live) as two registers of code
+ * dwords: byte 4i + e = row e's byte i (t[0]: i < 16, t[1]: i >= 16). */
+AI void quad_of(__m512i *t, const uint8_t *r, size_t rowb, __mmask32 m, int nr, __m512i ix0, __m512i ix1) {
+    __m512i z1 = rows2(r, rowb, m, nr > 0, nr > 1), z2 = rows2(r + 2 * rowb, rowb, m, nr > 2, nr > 3);
+    t[0] = _mm512_permutex2var_epi8(z1, ix0, z2);
+    t[1] = _mm512_permutex2var_epi8(z1, ix1, z2);
+}
+
+/* Integer query of RB heads: x = round(f / d) as (a, b) byte planes
+ * w[r][0][i], w[r][1][i] for the D channels, then the nb hi ranks at D + k
+ * (the query of the channel rank k belongs to), zero up to a whole quad.
+ * d[r]: the step; cst[r]: sum q mn plus the centring term. Returns 0 when
+ * some f is not finite. */
+AI int fold_wide(int8_t (*w)[2][WQ], float *d, float *cst, const float *q, int RB, const float *scale,
+                 const float *mn, const uint8_t *idx, int D, int nb) {
+    int32_t x[RBW][2 * KKV_MAX_HEAD_DIM + 16]; /* [RB][D + nb] the integer query, by channel then rank */
+    uint8_t inv[KKV_MAX_HEAD_DIM + 1] = {0};  /* [nb] channel of each rank; [nb] catches the plain ones */
+    __mmask16 bad = 0;
+    for (int r = 0; r < RB; r++) {
+        const float *qr = q + (size_t)r * D;
+        __m512 mx = _mm512_setzero_ps();
+        for (int j = 0; j < D; j += 16) {
+            __mmask16 m = (__mmask16)(D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
+            __m512 fv = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, qr + j), _mm512_maskz_loadu_ps(m, scale + j));
+            bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(fv, fv), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(fv));
+        }
+        if (bad) return 0; /* inf or NaN */
+        float M = _mm512_reduce_max_ps(mx);
+        d[r] = M / QMAX;
+        __m512 vinv = _mm512_set1_ps(M > 0.0f ? QMAX / M : 0.0f), vd = _mm512_set1_ps(d[r]);
+        __m512 c = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
+        for (int j = 0; j < D; j += 16) {
+            __mmask16 m = (__mmask16)(D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
+            __m512 qv = _mm512_maskz_loadu_ps(m, qr + j), sv = _mm512_maskz_loadu_ps(m, scale + j);
+            __m512 fv = _mm512_mul_ps(qv, sv);
+            __m512i xv = _mm512_cvtps_epi32(_mm512_mul_ps(fv, vinv)); /* |x| <= QMAX */
+            _mm512_storeu_si512(x[r] + j, _mm512_maskz_mov_epi32(m, xv));
+            __mmask16 boosted = _mm512_cmplt_epu32_mask(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, idx + j)),
+                                                        _mm512_set1_epi32(nb));
+            __m512 half = _mm512_mask_blend_ps(boosted, _mm512_set1_ps(1.5f), _mm512_set1_ps(7.5f));
+            c = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, mn + j), c);
+            corr = _mm512_fmadd_ps(_mm512_fnmadd_ps(vd, _mm512_cvtepi32_ps(xv), fv), _mm512_maskz_mov_ps(m, half), corr);
+        }
+        cst[r] = _mm512_reduce_add_ps(c) + _mm512_reduce_add_ps(corr);
+    }
+    for (int j = 0; j < D; j++) inv[idx[j]] = (uint8_t)j;
+    int nhp = (nb + 3) & ~3;
+    for (int r = 0; r < RB; r++) {
+        for (int k = 0; k < nhp; k++) x[r][D + k] = k < nb ? x[r][inv[k]] : 0;
+        for (int i = 0; i < D + nhp; i += 16) {
+            __mmask16 m = (__mmask16)(D + nhp - i >= 16 ? 0xFFFFu : (1u << (D + nhp - i)) - 1);
+            __m512i xv = _mm512_maskz_loadu_epi32(m, x[r] + i);
+            __m512i a = _mm512_srai_epi32(_mm512_add_epi32(xv, _mm512_set1_epi32(128)), 8);
+            __m512i b = _mm512_sub_epi32(xv, _mm512_slli_epi32(a, 8));
+            _mm_mask_storeu_epi8(w[r][0] + i, m, _mm512_cvtepi32_epi8(a));
+            _mm_mask_storeu_epi8(w[r][1] + i, m, _mm512_cvtepi32_epi8(b));
+        }
+    }
+    return 1;
+}
+
+/* Scores of RB heads over the quads T (nq lo, then nh hi) of one chunk of
+ * 4 * nbytes tokens, stored at s (row stride G). */
+AI void quads_rb(float *s, int G, const __m512i (*T)[2], int nq, int nh, const int8_t (*w)[2][WQ],
+                 const float *d, const float *cst, int nbytes, int RB) {
+    const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
+    __m512 v[RBW][4][2]; /* [head][phase k][half]: scores of tokens 4i + k */
+    for (int k = 0; k < 4; k++) {
+        __m512i acc[RBW][2][2];
+        for (int r = 0; r < RB; r++)
+            acc[r][0][0] = acc[r][0][1] = acc[r][1][0] = acc[r][1][1] = _mm512_setzero_si512();
+        for (int qd = 0; qd < nq + nh; qd++) {
+            __m512i x[2]; /* codes of the quad in this phase: lo 0..3, hi 0/4/8/12 */
+            if (qd < nq) {
+                x[0] = _mm512_and_si512(_mm512_srli_epi32(T[qd][0], 2 * k), m3);
+                x[1] = _mm512_and_si512(_mm512_srli_epi32(T[qd][1], 2 * k), m3);
+            } else if (k) {
+                x[0] = _mm512_and_si512(_mm512_srli_epi32(T[qd][0], 2 * k - 2), m12);
+                x[1] = _mm512_and_si512(_mm512_srli_epi32(T[qd][1], 2 * k - 2), m12);
+            } else {
+                x[0] = _mm512_and_si512(_mm512_slli_epi32(T[qd][0], 2), m12);
+                x[1] = _mm512_and_si512(_mm512_slli_epi32(T[qd][1], 2), m12);
+            }
+            for (int r = 0; r < RB; r++) {
+                int32_t wa, wb;
+                memcpy(&wa, w[r][0] + 4 * qd, 4);
+                memcpy(&wb, w[r][1] + 4 * qd, 4);
+                __m512i va = _mm512_set1_epi32(wa), vb = _mm512_set1_epi32(wb);
+                for (int h = 0; h < 2; h++) {
+                    acc[r][0][h] = _mm512_dpbusd_epi32(acc[r][0][h], x[h], va);
+                    acc[r][1][h] = _mm512_dpbusd_epi32(acc[r][1][h], x[h], vb);
+                }
+            }
+        }
+        for (int r = 0; r < RB; r++)
+            for (int h = 0; h < 2; h++) {
+                __m512i tot = _mm512_add_epi32(_mm512_slli_epi32(acc[r][0][h], 8), acc[r][1][h]);
+                v[r][k][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_set1_ps(d[r]), _mm512_set1_ps(cst[r]));
+            }
+    }
+    int ntok = 4 * nbytes;
+    for (int o = 0; o < 4; o++) {
+        __m512i ix = _mm512_loadu_si512(tok_ix[o]);
+        for (int h = 0; h < 2; h++) {
+            int t0 = 64 * h + 16 * o;
+            if (t0 >= ntok) continue;
+            __mmask16 m = (__mmask16)(ntok - t0 >= 16 ? 0xFFFFu : (1u << (ntok - t0)) - 1);
+            for (int r = 0; r < RB; r++) {
+                __m512 p01 = _mm512_permutex2var_ps(v[r][0][h], ix, v[r][1][h]);
+                __m512 p23 = _mm512_permutex2var_ps(v[r][2][h], ix, v[r][3][h]);
+                _mm512_mask_storeu_ps(s + (size_t)r * G + t0, m, _mm512_mask_blend_ps(0xCCCC, p01, p23));
+            }
+        }
+    }
+}
+
+/* Always inlined: the entry point calls it with the engines' shapes as constants. */
+AI void qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
+    f16_row(scale, page + L.scale, D);
+    f16_row(mn, page + L.mn, D);
+    const uint8_t *idx = page + L.idx;
+    size_t rowb = (size_t)G / 4;
+    int nq = D / 4, nh = (nb + 3) / 4;
+    const __m512i ix0 = _mm512_loadu_si512(quad_ix[0]), ix1 = _mm512_loadu_si512(quad_ix[1]);
+    for (int r0 = 0; r0 < n_rep; r0 += RBW) {
+        int rb = n_rep - r0 < RBW ? n_rep - r0 : RBW;
+        float d[RBW], cst[RBW];
+        int8_t w[RBW][2][WQ]; /* [head][a, b][D channels, then the hi ranks] */
+        if (!fold_wide(w, d, cst, q + (size_t)r0 * D, rb, scale, mn, idx, D, nb)) {
+            kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
+            return;
+        }
+        for (size_t c = 0; c < rowb; c += 32) {
+            int nbytes = rowb - c < 32 ? (int)(rowb - c) : 32;
+            __mmask32 m = nbytes == 32 ? 0xFFFFFFFFu : (1u << nbytes) - 1;
+            __m512i T[2 * KKV_MAX_HEAD_DIM / 4][2]; /* [quad][half]: lo quads, then hi quads */
+            for (int qd = 0; qd < nq; qd++) quad_of(T[qd], page + L.lo + (size_t)(4 * qd) * rowb + c, rowb, m, 4, ix0, ix1);
+            for (int hq = 0; hq < nh; hq++)
+                quad_of(T[nq + hq], page + L.hi + (size_t)(4 * hq) * rowb + c, rowb, m,
+                        nb - 4 * hq < 4 ? nb - 4 * hq : 4, ix0, ix1);
+            float *sr = s + (size_t)r0 * G + 4 * c;
+            const int8_t(*wc)[2][WQ] = (const int8_t(*)[2][WQ])w;
+            const __m512i(*Tc)[2] = (const __m512i(*)[2])T;
+            if (rb == 4) quads_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 4);
+            else if (rb == 3) quads_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 3);
+            else if (rb == 2) quads_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 2);
+            else quads_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 1);
+        }
+    }
+}
+
+void kkv_vbmi512_qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    /* The engines' shapes (SmolLM2: D 64, 3 query heads per KV head; Gemma 3:
+     * D 256 with 4; 128-token pages) get copies with constant sizes. */
+    if (G == 128 && D == 64 && n_rep == 3) qk_wide(s, q, 3, page, 64, 128, nb);
+    else if (G == 128 && D == 256 && n_rep == 4) qk_wide(s, q, 4, page, 256, 128, nb);
+    else qk_wide(s, q, n_rep, page, D, G, nb);
+}
