@@ -1083,6 +1083,7 @@ int main(int argc, char **argv) {
         test_plan_exact("avx512-vbmi", kkv_vbmi512_qk_page, kkv_vbmi512_qk_plan_bytes, kkv_vbmi512_qk_plan, kkv_vbmi512_qk_page_plan, &r);
         test_vnni_exact("avx512-vbmi", kkv_vbmi512_qk_page, kkv_vbmi512_pv_page, &r);
         test_fallback_exact("avx512-vbmi", kkv_vbmi512_qk_page, kkv_vbmi512_pv_page, &r);
+        test_fallback_exact("avx512-vbmi-wide", kkv_vbmi512_qk_wide, kkv_vbmi512_pv_page, &r);
     } else {
         printf("kernel avx512-vbmi: not on this CPU (or capped by KKV_CPU), skipped\n");
     }
