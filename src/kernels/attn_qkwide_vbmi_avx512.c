@@ -37,7 +37,7 @@
 
 #define QMAX 32639.0f
 #define RBW 4                               /* query heads per pass over the page */
-#define WQ (KKV_MAX_HEAD_DIM + KKV_MAX_HEAD_DIM) /* weight bytes: lo channels, then hi ranks */
+#define WQ (2 * KKV_MAX_HEAD_DIM + 64) /* weight bytes: lo channels, then hi ranks; whole-register slack */
 
 /* vpermt2b indices of a channel quad from two registers holding rows 0, 1
  * (bytes 0..63) and rows 2, 3 (64..127) of 32 bytes each: output byte
@@ -73,57 +73,99 @@ AI void quad_of(__m512i *t, const uint8_t *r, size_t rowb, __mmask32 m, int nr, 
     t[1] = _mm512_permutex2var_epi8(z1, ix1, z2);
 }
 
+/* dst[k] = src[ix[k]] for k < n (every ix[k] < D), zero from n to the next
+ * multiple of 64 (dst has the room); src (256 readable bytes) and ix bytes, D <= 256 entries of src: byte
+ * permutes over up to four 64-byte registers. */
+AI void gather_bytes(int8_t *dst, const int8_t *src, const uint8_t *ix, int D, int n) {
+    __m512i t0 = _mm512_loadu_si512(src); /* whole registers (src has the room): they forward */
+    __m512i t1 = D > 64 ? _mm512_loadu_si512(src + 64) : t0;
+    __m512i t2 = D > 128 ? _mm512_loadu_si512(src + 128) : t0;
+    __m512i t3 = D > 192 ? _mm512_loadu_si512(src + 192) : t0;
+    for (int k = 0; k < n; k += 64) {
+        __mmask64 v = n - k >= 64 ? ~0ull : (1ull << (n - k)) - 1;
+        __m512i o = _mm512_maskz_loadu_epi8(v, ix + k);
+        __m512i g = D > 64 ? _mm512_permutex2var_epi8(t0, o, t1) : _mm512_permutexvar_epi8(o, t0);
+        if (D > 128) g = _mm512_mask_mov_epi8(g, _mm512_movepi8_mask(o), _mm512_permutex2var_epi8(t2, o, t3));
+        _mm512_storeu_si512(dst + k, _mm512_maskz_mov_epi8(v, g)); /* whole: loads forward from it */
+    }
+}
+
+/* Four 16-byte pieces as one register, in order. */
+AI __m512i join4(const __m128i *p) {
+    __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(p[0]), p[1], 1);
+    __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(p[2]), p[3], 1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
 /* Integer query of RB heads: x = round(f / d) as (a, b) byte planes
  * w[r][0][i], w[r][1][i] for the D channels, then the nb hi ranks at D + k
  * (the query of the channel rank k belongs to), zero up to a whole quad.
- * d[r]: the step; cst[r]: sum q mn plus the centring term. Returns 0 when
- * some f is not finite. */
+ * d[r]: the step; cst[r]: sum q mn plus the centring term. Heads go in
+ * lockstep (channels outer): the page's scale, zero points and boost flags
+ * are loaded once, and the heads' reductions overlap. Returns 0 when some f
+ * is not finite. */
 AI int fold_wide(int8_t (*w)[2][WQ], float *d, float *cst, const float *q, int RB, const float *scale,
                  const float *mn, const uint8_t *idx, int D, int nb) {
-    int32_t x[RBW][2 * KKV_MAX_HEAD_DIM + 16]; /* [RB][D + nb] the integer query, by channel then rank */
-    uint8_t inv[KKV_MAX_HEAD_DIM + 1] = {0};  /* [nb] channel of each rank; [nb] catches the plain ones */
+    __m512 mx[RBW], c[RBW], corr[RBW], vinv[RBW], vd[RBW];
     __mmask16 bad = 0;
-    for (int r = 0; r < RB; r++) {
-        const float *qr = q + (size_t)r * D;
-        __m512 mx = _mm512_setzero_ps();
-        for (int j = 0; j < D; j += 16) {
-            __mmask16 m = (__mmask16)(D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
-            __m512 fv = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, qr + j), _mm512_maskz_loadu_ps(m, scale + j));
+    for (int r = 0; r < RB; r++) mx[r] = c[r] = corr[r] = _mm512_setzero_ps();
+    for (int j = 0; j < D; j += 16) {
+        __mmask16 m = (__mmask16)(D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
+        __m512 sv = _mm512_maskz_loadu_ps(m, scale + j);
+        for (int r = 0; r < RB; r++) {
+            __m512 fv = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + (size_t)r * D + j), sv);
             bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(fv, fv), _mm512_setzero_ps(), _CMP_NEQ_UQ);
-            mx = _mm512_max_ps(mx, _mm512_abs_ps(fv));
+            mx[r] = _mm512_max_ps(mx[r], _mm512_abs_ps(fv));
         }
-        if (bad) return 0; /* inf or NaN */
-        float M = _mm512_reduce_max_ps(mx);
+    }
+    if (bad) return 0; /* inf or NaN */
+    for (int r = 0; r < RB; r++) {
+        float M = _mm512_reduce_max_ps(mx[r]);
         d[r] = M / QMAX;
-        __m512 vinv = _mm512_set1_ps(M > 0.0f ? QMAX / M : 0.0f), vd = _mm512_set1_ps(d[r]);
-        __m512 c = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
-        for (int j = 0; j < D; j += 16) {
-            __mmask16 m = (__mmask16)(D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
-            __m512 qv = _mm512_maskz_loadu_ps(m, qr + j), sv = _mm512_maskz_loadu_ps(m, scale + j);
-            __m512 fv = _mm512_mul_ps(qv, sv);
-            __m512i xv = _mm512_cvtps_epi32(_mm512_mul_ps(fv, vinv)); /* |x| <= QMAX */
-            _mm512_storeu_si512(x[r] + j, _mm512_maskz_mov_epi32(m, xv));
+        vinv[r] = _mm512_set1_ps(M > 0.0f ? QMAX / M : 0.0f);
+        vd[r] = _mm512_set1_ps(d[r]);
+    }
+    for (int jb = 0; jb < D; jb += 64) { /* 64 channels: whole-register byte stores, which loads forward */
+        __m128i pa[RBW][4], pb[RBW][4];
+        for (int e = 0; e < 4; e++) {
+            int j = jb + 16 * e;
+            __mmask16 m = (__mmask16)(j >= D ? 0 : D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
+            __m512 sv = _mm512_maskz_loadu_ps(m, scale + j), nv = _mm512_maskz_loadu_ps(m, mn + j);
             __mmask16 boosted = _mm512_cmplt_epu32_mask(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, idx + j)),
                                                         _mm512_set1_epi32(nb));
-            __m512 half = _mm512_mask_blend_ps(boosted, _mm512_set1_ps(1.5f), _mm512_set1_ps(7.5f));
-            c = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, mn + j), c);
-            corr = _mm512_fmadd_ps(_mm512_fnmadd_ps(vd, _mm512_cvtepi32_ps(xv), fv), _mm512_maskz_mov_ps(m, half), corr);
+            __m512 half = _mm512_maskz_mov_ps(m, _mm512_mask_blend_ps(boosted, _mm512_set1_ps(1.5f), _mm512_set1_ps(7.5f)));
+            for (int r = 0; r < RB; r++) {
+                __m512 qv = _mm512_maskz_loadu_ps(m, q + (size_t)r * D + j), fv = _mm512_mul_ps(qv, sv);
+                __m512i xv = _mm512_cvtps_epi32(_mm512_mul_ps(fv, vinv[r])); /* |x| <= QMAX; 0 past D */
+                __m512i a = _mm512_srai_epi32(_mm512_add_epi32(xv, _mm512_set1_epi32(128)), 8);
+                pa[r][e] = _mm512_cvtepi32_epi8(a); /* x = 256 a + b, |a|, |b| <= 127 */
+                pb[r][e] = _mm512_cvtepi32_epi8(_mm512_sub_epi32(xv, _mm512_slli_epi32(a, 8)));
+                c[r] = _mm512_fmadd_ps(qv, nv, c[r]);
+                corr[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(vd[r], _mm512_cvtepi32_ps(xv), fv), half, corr[r]);
+            }
         }
-        cst[r] = _mm512_reduce_add_ps(c) + _mm512_reduce_add_ps(corr);
-    }
-    for (int j = 0; j < D; j++) inv[idx[j]] = (uint8_t)j;
-    int nhp = (nb + 3) & ~3;
-    for (int r = 0; r < RB; r++) {
-        for (int k = 0; k < nhp; k++) x[r][D + k] = k < nb ? x[r][inv[k]] : 0;
-        for (int i = 0; i < D + nhp; i += 16) {
-            __mmask16 m = (__mmask16)(D + nhp - i >= 16 ? 0xFFFFu : (1u << (D + nhp - i)) - 1);
-            __m512i xv = _mm512_maskz_loadu_epi32(m, x[r] + i);
-            __m512i a = _mm512_srai_epi32(_mm512_add_epi32(xv, _mm512_set1_epi32(128)), 8);
-            __m512i b = _mm512_sub_epi32(xv, _mm512_slli_epi32(a, 8));
-            _mm_mask_storeu_epi8(w[r][0] + i, m, _mm512_cvtepi32_epi8(a));
-            _mm_mask_storeu_epi8(w[r][1] + i, m, _mm512_cvtepi32_epi8(b));
+        for (int r = 0; r < RB; r++) {
+            _mm512_storeu_si512(w[r][0] + jb, join4(pa[r]));
+            _mm512_storeu_si512(w[r][1] + jb, join4(pb[r]));
         }
     }
+    for (int r = 0; r < RB; r++) cst[r] = _mm512_reduce_add_ps(c[r]) + _mm512_reduce_add_ps(corr[r]);
+    if (!nb) return 1;
+    uint8_t inv[KKV_MAX_HEAD_DIM + 64]; /* [nb] the channel of each rank */
+    if (D <= 64) { /* one compare per rank, the channel numbers built in a register */
+        __m512i iv = _mm512_maskz_loadu_epi8(D >= 64 ? ~0ull : (1ull << D) - 1, idx), cv = _mm512_setzero_si512();
+        for (int k = 0; k < nb; k++) {
+            uint64_t mk = _mm512_cmpeq_epi8_mask(iv, _mm512_set1_epi8((char)k));
+            cv = _mm512_mask_mov_epi8(cv, 1ull << k, _mm512_set1_epi8((char)(mk ? __builtin_ctzll(mk) : 0)));
+        }
+        _mm512_storeu_si512(inv, cv);
+    } else {
+        uint8_t sink[KKV_MAX_HEAD_DIM + 1]; /* [idx] values past nb land in sink, unread */
+        memset(inv, 0, (size_t)nb); /* a rank no channel claims (a damaged page) reads channel 0 */
+        for (int j = 0; j < D; j++) (idx[j] < nb ? inv : sink)[idx[j]] = (uint8_t)j;
+    }
+    for (int r = 0; r < RB; r++)
+        for (int p = 0; p < 2; p++) gather_bytes(w[r][p] + D, w[r][p], inv, D, nb);
     return 1;
 }
 
