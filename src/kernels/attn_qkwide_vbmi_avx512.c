@@ -73,9 +73,9 @@ AI void quad_of(__m512i *t, const uint8_t *r, size_t rowb, __mmask32 m, int nr, 
     t[1] = _mm512_permutex2var_epi8(z1, ix1, z2);
 }
 
-/* dst[k] = src[ix[k]] for k < n (every ix[k] < D), zero from n to the next
- * multiple of 64 (dst has the room); src (256 readable bytes) and ix bytes, D <= 256 entries of src: byte
- * permutes over up to four 64-byte registers. */
+/* dst[k] = src[ix[k]] for k < n (every ix[k] < D <= 256), zero from n up to
+ * the next multiple of 64 (dst has the room): byte permutes over up to four
+ * 64-byte registers of src, read whole (src has ceil(D / 64) * 64 bytes). */
 AI void gather_bytes(int8_t *dst, const int8_t *src, const uint8_t *ix, int D, int n) {
     __m512i t0 = _mm512_loadu_si512(src); /* whole registers (src has the room): they forward */
     __m512i t1 = D > 64 ? _mm512_loadu_si512(src + 64) : t0;
@@ -126,7 +126,7 @@ AI int fold_wide(int8_t (*w)[2][WQ], float *d, float *cst, const float *q, int R
         vd[r] = _mm512_set1_ps(d[r]);
     }
     for (int jb = 0; jb < D; jb += 64) { /* 64 channels: whole-register byte stores, which loads forward */
-        __m128i pa[RBW][4], pb[RBW][4];
+        __m128i pa[RBW][4], pb[RBW][4]; /* [head][16 channels] bytes of a and of b */
         for (int e = 0; e < 4; e++) {
             int j = jb + 16 * e;
             __mmask16 m = (__mmask16)(j >= D ? 0 : D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
