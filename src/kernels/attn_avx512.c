@@ -42,11 +42,18 @@ static void kkv_avx512_softmax(float *sc, float *ml, float *acc, int n_rep, int 
         float m_old = ml[2 * r];
         __m512 vm = _mm512_set1_ps(m_old);
         int n8 = n / 8 * 8, t = 0;
-        for (; t < n8; t += 16) {
-            __mmask16 k = (__mmask16)(n8 - t >= 16 ? 0xFFFFu : 0x00FFu);
-            __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + t), vinv);
-            _mm512_mask_storeu_ps(s + t, k, x);
-            vm = _mm512_mask_max_ps(vm, k, vm, x);
+        /* whole vectors load and store unmasked: a masked store does not
+         * forward to the loads after it (here, the next pass and the value
+         * kernel), which then wait for it to reach the cache */
+        for (; t + 16 <= n8; t += 16) {
+            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s + t), vinv);
+            _mm512_storeu_ps(s + t, x);
+            vm = _mm512_max_ps(vm, x);
+        }
+        if (t < n8) { /* 8 left */
+            __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(0x00FF, s + t), vinv);
+            _mm512_mask_storeu_ps(s + t, 0x00FF, x);
+            vm = _mm512_mask_max_ps(vm, 0x00FF, vm, x);
         }
         float mx = _mm512_reduce_max_ps(vm);
         for (t = n8; t < n; t++) {
@@ -56,12 +63,16 @@ static void kkv_avx512_softmax(float *sc, float *ml, float *acc, int n_rep, int 
         float corr = expf(m_old - mx); /* 0 on the first block, where m_old = -inf */
         __m512 vmx = _mm512_set1_ps(mx);
         __m256 vs = _mm256_setzero_ps();
-        for (t = 0; t < n8; t += 16) {
-            __mmask16 k = (__mmask16)(n8 - t >= 16 ? 0xFFFFu : 0x00FFu);
-            __m512 e = exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), vmx));
-            _mm512_mask_storeu_ps(s + t, k, e);
+        for (t = 0; t + 16 <= n8; t += 16) {
+            __m512 e = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + t), vmx));
+            _mm512_storeu_ps(s + t, e);
             vs = _mm256_add_ps(vs, _mm512_castps512_ps256(e));
-            if (k == 0xFFFFu) vs = _mm256_add_ps(vs, _mm512_extractf32x8_ps(e, 1));
+            vs = _mm256_add_ps(vs, _mm512_extractf32x8_ps(e, 1));
+        }
+        if (t < n8) { /* 8 left */
+            __m512 e = exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(0x00FF, s + t), vmx));
+            _mm512_mask_storeu_ps(s + t, 0x00FF, e);
+            vs = _mm256_add_ps(vs, _mm512_castps512_ps256(e));
         }
         if (n8 < n) { /* 1..7 left, pad lanes masked off */
             __mmask16 k = (__mmask16)((1u << (n - n8)) - 1);

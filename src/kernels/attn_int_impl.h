@@ -896,7 +896,9 @@ AI int fold_probs_512(uint8_t *wq, size_t ldw, float *e, float *mt, const float 
             __m512 err = _mm512_maskz_mov_ps(k, _mm512_fnmadd_ps(ve[r], _mm512_cvtepi32_ps(x), wv));
             corr[r] = _mm256_add_ps(corr[r], _mm512_castps512_ps256(err));
             if (n - t > 8) corr[r] = _mm256_add_ps(corr[r], _mm512_extractf32x8_ps(err, 1));
-            _mm_mask_storeu_epi8(wq + (size_t)r * ldw + t, k, _mm512_cvtusepi32_epi8(x));
+            /* whole 16-byte stores (lanes past n are 0; wq has the room): the
+             * kernel's 4-byte weight loads forward from them, not from masked ones */
+            _mm_storeu_si128((__m128i *)(void *)(wq + (size_t)r * ldw + t), _mm512_cvtusepi32_epi8(x));
         }
     }
     for (int r = 0; r < RB; r++) {

@@ -218,7 +218,9 @@ AI void quads_rb(float *s, int G, const __m512i (*T)[2], int nq, int nh, const i
             for (int r = 0; r < RB; r++) {
                 __m512 p01 = _mm512_permutex2var_ps(v[r][0][h], ix, v[r][1][h]);
                 __m512 p23 = _mm512_permutex2var_ps(v[r][2][h], ix, v[r][3][h]);
-                _mm512_mask_storeu_ps(s + (size_t)r * G + t0, m, _mm512_mask_blend_ps(0xCCCC, p01, p23));
+                __m512 sc = _mm512_mask_blend_ps(0xCCCC, p01, p23);
+                if (m == 0xFFFFu) _mm512_storeu_ps(s + (size_t)r * G + t0, sc); /* forwards to the softmax */
+                else _mm512_mask_storeu_ps(s + (size_t)r * G + t0, m, sc);
             }
         }
     }

@@ -29,6 +29,10 @@ AI float hmax(__m256 a) {
 /* fp16 [n] (n a multiple of 4) of a page to fp32 (needs -mf16c). */
 AI void f16_row(float *dst, const uint8_t *src, int n) {
     int i = 0;
+#ifdef __AVX512F__ /* whole 64-byte stores: the 512-bit kernels' loads forward from them */
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(src + 2 * i))));
+#endif
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i))));
     for (; i < n; i += 4)
