@@ -44,8 +44,10 @@
  * int16 path widens before it could overflow), so the VNNI kernels give
  * results bit-identical to the AVX2 integer ones; only speed differs.
  *
- * The includer defines KKV_INT_QK and KKV_INT_PV, the names of the two
- * kernels. Include only from files compiled with -mavx2 -mfma -mf16c. */
+ * The includer defines KKV_INT_QK (and the plan names KKV_INT_QK_PLAN_BYTES,
+ * KKV_INT_QK_PLAN, KKV_INT_QK_RUN) and KKV_INT_PV, the names of the kernels;
+ * or KKV_INT_NO_QK for a value kernel only (the VBMI build). Include only
+ * from files compiled with -mavx2 -mfma -mf16c. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -60,9 +62,11 @@
 /* Value tokens per quantization block (bounds the weight scratch). */
 #define VBLK 128
 
+#ifndef KKV_INT_NO_QK /* keys only */
 /* A zero row: the high plane of a plain channel paired with a boosted one,
  * and both planes of the padding channel. Rows are at most 4096/4 bytes. */
 static const uint8_t zrow[1024 + 32];
+#endif
 
 /* n (1..32) bytes, zero-extended to 32. */
 AI __m256i ld256_part(const uint8_t *p, int n) {
@@ -95,6 +99,7 @@ AI void widen_store(int32_t *dst, int off, __m256i a) {
     _mm256_storeu_si256((__m256i *)(void *)(dst + off), _mm256_cvtepi16_epi32(_mm256_extracti128_si256(a, 1)));
 }
 
+#ifndef KKV_INT_NO_QK /* the VBMI build has its own key kernel (attn_qkwide_vbmi_avx512.c) */
 /* ================================================================ keys */
 
 /* Channel groups of a key page, by key range r_j = scale_j * maxq_j against
@@ -566,14 +571,6 @@ static void qk_scores(float *s, const float *q, int n_rep, const uint8_t *page, 
     }
 }
 
-#ifdef KKV_INT_VBMI
-/* vpermb indices of a token quad: output byte 4i + r is row r's byte i
- * (four 16-byte rows). */
-#define TX4(i) (i), 16 + (i), 32 + (i), 48 + (i)
-static const uint8_t tok_ix[64] = {TX4(0), TX4(1), TX4(2),  TX4(3),  TX4(4),  TX4(5),  TX4(6),  TX4(7),
-                                   TX4(8), TX4(9), TX4(10), TX4(11), TX4(12), TX4(13), TX4(14), TX4(15)};
-#endif
-
 size_t KKV_INT_QK_PLAN_BYTES(int D) { return QK_PLAN_BYTES(D); }
 
 void KKV_INT_QK_PLAN(uint8_t *plan, const uint8_t *page, int D, int G, int nb) {
@@ -598,8 +595,17 @@ void KKV_INT_QK(float *s, const float *q, int n_rep, const uint8_t *page, int D,
     key_page_setup(&P, mq, cg32, page, &L, D, G, nb);
     qk_scores(s, q, n_rep, page, &P, mq, cg32, D, G, nb);
 }
+#endif /* KKV_INT_NO_QK */
 
 /* ================================================================ values */
+
+#ifdef KKV_INT_VBMI
+/* vpermb indices of a token quad: output byte 4i + r is row r's byte i
+ * (four 16-byte rows). */
+#define TX4(i) (i), 16 + (i), 32 + (i), 48 + (i)
+static const uint8_t tok_ix[64] = {TX4(0), TX4(1), TX4(2),  TX4(3),  TX4(4),  TX4(5),  TX4(6),  TX4(7),
+                                   TX4(8), TX4(9), TX4(10), TX4(11), TX4(12), TX4(13), TX4(14), TX4(15)};
+#endif
 
 /* Adds the int16 accumulators acc[2] of 16 channels into the int32 sums dst
  * [16] and clears them. The two lanes hold token pairs (t, t+1) and

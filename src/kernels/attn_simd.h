@@ -31,8 +31,6 @@ void kkv_vnni512_qk_page(float *s, const float *q, int n_rep, const uint8_t *pag
                          int nb);
 void kkv_vnni512_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
                          int bits);
-void kkv_vbmi512_qk_page(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
-                         int nb);
 void kkv_vbmi512_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
                          int bits);
 /* Key scores with a 15-bit query on one step per page and head
@@ -56,7 +54,6 @@ void kkv_avxvnni_pv_page(float *acc, const float *p, int n_rep, const uint8_t *p
                                     const uint8_t *plan, int D, int G, int nb);
 KKV_QK_PLAN_DECL(avx2i)
 KKV_QK_PLAN_DECL(vnni512)
-KKV_QK_PLAN_DECL(vbmi512)
 KKV_QK_PLAN_DECL(avxvnni)
 void kkv_avx2_softmax(float *s, float *ml, float *acc, int n_rep, int n, int D, float inv);
 #endif

@@ -2,14 +2,10 @@
  * token quads that one vpermb per row chunk builds (attn_int_impl.h,
  * KKV_INT_VBMI). Run only where kkv_cpu_get()->vbmi; results bit-identical to
  * attn_int_avx2.c, since every integer sum is exact. The VBMI table's key
- * kernel is the wide-query one (attn_qkwide_vbmi_avx512.c); this file's
- * kkv_vbmi512_qk_page is the int8 pair kernel of the 256-bit VNNI build,
- * kept with its plan entry points for the tests' cross-checks. */
+ * kernel is the wide-query one (attn_qkwide_vbmi_avx512.c), so this build
+ * leaves the int8 key kernels out (KKV_INT_NO_QK). */
 #define KKV_INT_DPBUSD(acc, u8, s8) _mm256_dpbusd_epi32(acc, u8, s8)
 #define KKV_INT_VBMI 1
-#define KKV_INT_QK kkv_vbmi512_qk_page
+#define KKV_INT_NO_QK 1
 #define KKV_INT_PV kkv_vbmi512_pv_page
-#define KKV_INT_QK_PLAN_BYTES kkv_vbmi512_qk_plan_bytes
-#define KKV_INT_QK_PLAN kkv_vbmi512_qk_plan
-#define KKV_INT_QK_RUN kkv_vbmi512_qk_page_plan
 #include "kernels/attn_int_impl.h"
