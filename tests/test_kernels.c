@@ -31,7 +31,7 @@
  * softmax weights by a factor exp(+-2x), x ~ 1e-3 here, plus the value error),
  * and 1 vs 2 threads must be bit-identical.
  *
- *     test_kernels [--bench-plan | --bench-pages [NB]]   (time the planned key kernel,
+ *     test_kernels [--bench-plan | --bench-pages [NB] | --bench-f16]   (time the planned key kernel,
  *     or the best table's page kernels; no tests) */
 #include <math.h>
 #include <stdlib.h>
@@ -579,6 +579,43 @@ static void test_softmax512_exact(tu_rng *r) {
         }
     printf("kernel avx512 softmax: %d blocks bit-identical to avx2\n", n_cmp);
 }
+
+/* The 512-bit fp16 kernels give the AVX2 ones' bits (attn_f16_avx512.c):
+ * every D that is a multiple of 4 up to 68 and a few to 256 (8-channel tails,
+ * 16-channel tails), n_rep 1..9 (the 4-head passes and their remainders),
+ * token counts across the 8-token groups and their 4/1-token tails, values of
+ * mixed sign and size, accumulators carried in. */
+static void test_f16_512_exact(tu_rng *r) {
+    static const int Dx[] = {4, 8, 12, 16, 20, 24, 28, 32, 36, 44, 52, 60, 64, 68, 100, 128, 132, 252, 256};
+    enum { NMAX = 140, RMAX = 9 };
+    const kkv_ops *o = kkv_ops_get(KKV_KERNEL_AVX512);
+    int n_cmp = 0;
+    for (int di = 0; di < NELEM(Dx) && !tu_failed(); di++) {
+        int D = Dx[di];
+        uint16_t *kv = xmalloc((size_t)NMAX * D * 2);
+        float *q = xmalloc((size_t)RMAX * D * 4), *p = xmalloc((size_t)RMAX * NMAX * 4);
+        float *s0 = xmalloc((size_t)RMAX * NMAX * 4), *s1 = xmalloc((size_t)RMAX * NMAX * 4);
+        float *a0 = xmalloc((size_t)RMAX * D * 4), *a1 = xmalloc((size_t)RMAX * D * 4);
+        rand_f16(r, kv, NMAX * D, D, 4.0f);
+        for (int i = 0; i < RMAX * D; i++) q[i] = 3.0f * tu_normal(r);
+        for (int i = 0; i < RMAX * NMAX; i++) p[i] = fabsf(tu_normal(r));
+        for (int R = 1; R <= RMAX && !tu_failed(); R++)
+            for (int n = 1; n <= NMAX; n += (n < 34 ? 1 : 9)) {
+                kkv_avx2_qk_f16(s0, q, R, kv, n, D, NULL);
+                o->qk_f16(s1, q, R, kv, n, D, kv);
+                CHECK(memcmp(s0, s1, (size_t)R * n * 4) == 0, "avx512 qk_f16 D=%d n_rep=%d n=%d: not bit-identical to avx2",
+                      D, R, n);
+                for (int i = 0; i < R * D; i++) a0[i] = a1[i] = tu_normal(r);
+                kkv_avx2_pv_f16(a0, p, R, kv, n, D, NULL);
+                o->pv_f16(a1, p, R, kv, n, D, kv);
+                CHECK(memcmp(a0, a1, (size_t)R * D * 4) == 0, "avx512 pv_f16 D=%d n_rep=%d n=%d: not bit-identical to avx2",
+                      D, R, n);
+                n_cmp++;
+            }
+        free(kv), free(q), free(p), free(s0), free(s1), free(a0), free(a1);
+    }
+    printf("kernel avx512 qk_f16/pv_f16: %d shapes bit-identical to avx2\n", n_cmp);
+}
 #endif
 
 #if defined(__x86_64__)
@@ -771,7 +808,8 @@ static int bench_plan(void) {
  * channels, default 8 = kitty; 16 = kitty-pro): qk_page, softmax and pv_page
  * (2-bit values) hot on one page, then a page pair (keys, softmax, values)
  * in place over NP pairs 32 KB apart, visited in a scrambled order with the
- * next pair prefetched as kkv_attend does. Ratios within one run; not a test. */
+ * next pair prefetched as kkv_attend does (three bursts, attend.c says
+ * why). Ratios within one run; not a test. */
 static int bench_pages(int nb) {
     enum { D = 64, G = 128, R = 3, NP = 8192, ITERS = 200000 };
     const kkv_ops *ops = kkv_ops_get(KKV_KERNEL_AUTO);
@@ -810,11 +848,17 @@ static int bench_pages(int nb) {
         for (int it = 0; it < ITERS; it++) {
             size_t p = ((unsigned)it * 2654435761u) % NP, nx = ((unsigned)(it + 1) * 2654435761u) % NP;
             const uint8_t *pg = pool + p * stride, *npg = pool + nx * stride;
-            for (size_t o = 0; o < kb; o += 64) __builtin_prefetch(npg + o, 0, 1);
+            size_t kl = (kb + 63) / 64, nl = kl + (vb + 63) / 64, per = (nl + 2) / 3, i = 0;
+#define PF_BURST                                                                                  \
+    for (size_t e = i + per < nl ? i + per : nl; i < e; i++)                                      \
+    __builtin_prefetch(i < kl ? npg + 64 * i : npg + 16384 + 64 * (i - kl), 0, 1)
+            PF_BURST;
             ops->qk_page(s, q, R, pg, D, G, nb);
-            for (size_t o = 0; o < vb; o += 64) __builtin_prefetch(npg + 16384 + o, 0, 1);
+            PF_BURST;
             ops->softmax(s, ml, acc, R, G, D, 0.125f);
+            PF_BURST;
             ops->pv_page(acc, s, R, pg + 16384, D, G, 2);
+#undef PF_BURST
         }
         double ns = 1e9 * (double)(clock() - c0) / CLOCKS_PER_SEC / ITERS;
         printf("round %d in place %-8s %7.1f cpu ns/page pair (%.2f GB/s of pages)\n", round, nm[3], ns,
@@ -823,6 +867,44 @@ static int bench_pages(int nb) {
     free(pool);
     return 0;
 }
+
+#if defined(__x86_64__)
+/* test_kernels --bench-f16: CPU ns per token of the fp16 kernels (D 64, 3
+ * query heads), AVX2 vs AVX-512, hot in L1/L2, for block lengths from a short
+ * window to a whole fp16 page run. Ratios within one run; not a test. */
+static int bench_f16(void) {
+    enum { D = 64, R = 3, NMAX = 1024 };
+    const kkv_ops *o = kkv_ops_get(KKV_KERNEL_AVX512);
+    if (!o) {
+        printf("no AVX-512 on this CPU\n");
+        return 0;
+    }
+    static uint16_t kv[NMAX * D];
+    static float q[R * D], s[R * NMAX], acc[R * D];
+    tu_rng r = tu_rng_make(6);
+    rand_f16(&r, kv, NMAX * D, D, 1.0f);
+    rand_f32(&r, q, R * D);
+    for (int i = 0; i < R * NMAX; i++) s[i] = 0.001f * (float)(i % 13);
+    static const int ns[] = {5, 16, 64, 128, 1024};
+    printf("fp16 kernels, D %d, %d heads: cpu ns per token (qk + pv)\n%6s %10s %10s %8s\n", D, R, "n", "avx2",
+           "avx512", "ratio");
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < NELEM(ns); i++) {
+            int n = ns[i], iters = 4000000 / n;
+            double t[2];
+            for (int k = 0; k < 2; k++) {
+                clock_t c0 = clock();
+                for (int it = 0; it < iters; it++) {
+                    if (k == 0) kkv_avx2_qk_f16(s, q, R, kv, n, D, NULL), kkv_avx2_pv_f16(acc, s, R, kv, n, D, NULL);
+                    else o->qk_f16(s, q, R, kv, n, D, NULL), o->pv_f16(acc, s, R, kv, n, D, NULL);
+                }
+                t[k] = 1e9 * (double)(clock() - c0) / CLOCKS_PER_SEC / iters / n;
+            }
+            printf("%6d %10.2f %10.2f %7.2fx\n", n, t[0], t[1], t[0] / t[1]);
+        }
+    return 0;
+}
+#endif
 
 static void test_dispatch(void) {
     const kkv_cpu *cpu = kkv_cpu_get();
@@ -1006,6 +1088,7 @@ static void test_page8(tu_rng *r) {
 int main(int argc, char **argv) {
 #if defined(__x86_64__)
     if (argc > 1 && strcmp(argv[1], "--bench-plan") == 0) return bench_plan();
+    if (argc > 1 && strcmp(argv[1], "--bench-f16") == 0) return bench_f16();
 #endif
     if (argc > 1 && strcmp(argv[1], "--bench-pages") == 0) return bench_pages(argc > 2 ? atoi(argv[2]) : 8);
     (void)argv;
@@ -1071,6 +1154,7 @@ int main(int argc, char **argv) {
     if (cpu->avx512) {
         tu_rng r = tu_rng_make(96);
         test_softmax512_exact(&r);
+        test_f16_512_exact(&r);
     }
     if (cpu->vbmi) {
         tu_rng r = tu_rng_make(97);

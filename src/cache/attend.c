@@ -90,21 +90,40 @@ static void pv_split(const kkv_cache *c, float *acc, const float *p, int n_rep, 
     }
 }
 
-/* Pulls the next quantized page into L2 while this one is computed: pages of
- * one (layer, head) lie a whole slot apart, beyond the hardware prefetcher.
- * prefetcht2 (locality 1), not t0: on Zen 4 with pages 495 KB apart a page
- * pair (kitty, D 64) took 1.74 us with t2, 2.12 us with t0 (whose L1 fills
- * queue behind the few L1 miss buffers), 2.44 us with none, 1.50 us hot.
- * The next key page is requested before this page's keys are scored and the
- * next value page after them: one burst of both (~80 lines) stalled on the
- * miss buffers, and splitting it made kitty's attention 7-9% faster at 16K
- * and 32K (1 and 2 threads). Later points (after the softmax, after the
- * values) measured no better.
- * (fp16 pages are 16x larger and are prefetched row by row by the kernels
- * instead: see attend_block.) */
-static void prefetch(const void *p, size_t n) {
-    const char *b = p;
-    for (size_t i = 0; i < n; i += 64) __builtin_prefetch(b + i, 0, 1);
+/* Pulls the next quantized page pair into L2 while this one is computed:
+ * pages of one (layer, head) lie a whole slot apart, beyond the hardware
+ * prefetcher. prefetcht2 (locality 1), not t0: on Zen 4 with pages 495 KB
+ * apart a page pair (kitty, D 64) took 1.74 us with t2, 2.12 us with t0,
+ * 2.44 us with none, 1.50 us hot.
+ * The pair's lines (~72 for kitty) go out in three equal bursts, before the
+ * keys are scored, before the softmax and before the values are summed. A
+ * prefetch that finds every miss buffer taken waits for one to free, so one
+ * burst of all of them stalled the core for most of a memory latency per page
+ * (two bursts of ~36 were already 7-9% faster than one). With three bursts of
+ * <= 24 a pair in place took 550 ns where two took 1000 (hot: ~460; Zen 5,
+ * test_kernels --bench-pages). Later points and more distance measured no
+ * better. (fp16 pages are 16x larger and are prefetched row by row by the
+ * kernels instead: see attend_block.) */
+typedef struct pf_plan {
+    const char *k, *v; /* next key / value page, or NULL */
+    size_t      kl, nl; /* lines of the key page; of both */
+    size_t      i, per; /* next line; lines per burst */
+} pf_plan;
+
+static pf_plan pf_make(const kkv_cache *c, const block *b) {
+    pf_plan P = {b->pfk, b->pfv, 0, 0, 0, 0};
+    P.kl = P.k ? (c->kpage + 63) / 64 : 0;
+    P.nl = P.kl + (P.v ? (c->vpage + 63) / 64 : 0);
+    P.per = (P.nl + 2) / 3;
+    return P;
+}
+
+static void pf_burst(pf_plan *P) {
+    size_t e = P->i + P->per < P->nl ? P->i + P->per : P->nl;
+    for (; P->i < e; P->i++) {
+        const char *a = P->i < P->kl ? P->k + 64 * P->i : P->v + 64 * (P->i - P->kl);
+        __builtin_prefetch(a, 0, 1);
+    }
 }
 
 /* Online-softmax update of one block into the partial state of n_rep query
@@ -116,7 +135,8 @@ static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, c
                          int n_rep, const block *b, int skip, const void *next_k) {
     const kkv_ops *ops = c->ops;
     int D = c->D, n = b->n, m = n - skip;
-    if (b->pfk) prefetch(b->pfk, c->kpage);
+    pf_plan P = pf_make(c, b);
+    pf_burst(&P);
     /* fp16 streams: the values are prefetched while the keys are scored, the
      * next page's keys (next_k, n rows) while the values are summed */
     if (b->k8) kkv_qk_rows8(sc, q, n_rep, b->k8, n, D);
@@ -127,7 +147,7 @@ static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, c
         for (int r = 0; r < n_rep; r++)
             memmove(sc + (size_t)r * m, sc + (size_t)r * n + skip, (size_t)m * sizeof *sc);
     }
-    if (b->pfv) prefetch(b->pfv, c->vpage); /* half the burst, a kernel later */
+    pf_burst(&P);
     ops->softmax(sc, ml, acc, n_rep, m, D, 1.0f / sqrtf((float)D));
     if (skip) { /* back to [n_rep][n], masked tokens at probability 0 */
         for (int r = n_rep - 1; r >= 0; r--) {
@@ -135,6 +155,7 @@ static void attend_block(const kkv_cache *c, float *acc, float *ml, float *sc, c
             memset(sc + (size_t)r * n, 0, (size_t)skip * sizeof *sc);
         }
     }
+    pf_burst(&P);
     /* sc now holds the unnormalised probabilities, [n_rep][n] */
     if (b->v8) kkv_pv_rows8(acc, sc, n_rep, b->v8, n, D);
     else if (b->vsplit) pv_split(c, acc, sc, n_rep, b);

@@ -3,7 +3,8 @@
  * AVX2 build of them (every AVX-512 CPU runs AVX2 code). The former AVX-512 float qk_page was
  * 3x slower than the integer kernel on Zen 4 and is gone. Results agree with
  * the scalar reference within the bounds of kernels.h; flush bytes are
- * identical (the AVX2 codecs). */
+ * identical (the AVX2 codecs). qk_f16 / pv_f16 are the 512-bit ones of
+ * attn_f16_avx512.c, bit-identical to AVX2's. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -92,9 +93,9 @@ static void kkv_avx512_softmax(float *sc, float *ml, float *acc, int n_rep, int 
 
 const kkv_ops kkv_ops_avx512 = {
     .kind = KKV_KERNEL_AVX512,
-    .qk_f16 = kkv_avx2_qk_f16,
+    .qk_f16 = kkv_avx512_qk_f16,
     .qk_page = kkv_avx2i_qk_page,
-    .pv_f16 = kkv_avx2_pv_f16,
+    .pv_f16 = kkv_avx512_pv_f16,
     .pv_page = kkv_avx2i_pv_page,
     .key_encode = kkv_avx2_key_encode,
     .value_encode = kkv_avx2_value_encode,
@@ -104,9 +105,9 @@ const kkv_ops kkv_ops_avx512 = {
 /* The same with the 512-bit VBMI + VNNI page kernels (where cpu->vbmi). */
 const kkv_ops kkv_ops_avx512vbmi = {
     .kind = KKV_KERNEL_AVX512,
-    .qk_f16 = kkv_avx2_qk_f16,
+    .qk_f16 = kkv_avx512_qk_f16,
     .qk_page = kkv_vbmi512_qk_wide,
-    .pv_f16 = kkv_avx2_pv_f16,
+    .pv_f16 = kkv_avx512_pv_f16,
     .pv_page = kkv_vbmi512_pv_page,
     .key_encode = kkv_avx2_key_encode,
     .value_encode = kkv_avx2_value_encode,
@@ -116,9 +117,9 @@ const kkv_ops kkv_ops_avx512vbmi = {
 /* The same with the VNNI page kernels (dispatch picks it where cpu->vnni). */
 const kkv_ops kkv_ops_avx512vnni = {
     .kind = KKV_KERNEL_AVX512,
-    .qk_f16 = kkv_avx2_qk_f16,
+    .qk_f16 = kkv_avx512_qk_f16,
     .qk_page = kkv_vnni512_qk_page,
-    .pv_f16 = kkv_avx2_pv_f16,
+    .pv_f16 = kkv_avx512_pv_f16,
     .pv_page = kkv_vnni512_pv_page,
     .key_encode = kkv_avx2_key_encode,
     .value_encode = kkv_avx2_value_encode,

@@ -56,6 +56,11 @@ KKV_QK_PLAN_DECL(avx2i)
 KKV_QK_PLAN_DECL(vnni512)
 KKV_QK_PLAN_DECL(avxvnni)
 void kkv_avx2_softmax(float *s, float *ml, float *acc, int n_rep, int n, int D, float inv);
+/* 512-bit qk_f16 / pv_f16 (attn_f16_avx512.c): bit-identical to kkv_avx2_*. */
+void kkv_avx512_qk_f16(float *s, const float *q, int n_rep, const uint16_t *k, int n, int D,
+                       const void *pf);
+void kkv_avx512_pv_f16(float *acc, const float *p, int n_rep, const uint16_t *v, int n, int D,
+                       const void *pf);
 #endif
 
 #endif
