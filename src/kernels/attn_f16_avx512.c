@@ -103,7 +103,7 @@ void kkv_avx512_qk_f16(float *s, const float *q, int n_rep, const uint16_t *k, i
     }
     if (n8 < n) { /* 1..7 tokens: the AVX2 trees (a 4-token one, then singles) */
         int m = n - n8;
-        float tail[8 * 64]; /* [n_rep][m], n_rep <= 64 */
+        float tail[8 * 64]; /* [rb][m]: up to 64 heads per call, m <= 7 */
         for (int r0 = 0; r0 < n_rep; r0 += 64) {
             int rb = n_rep - r0 < 64 ? n_rep - r0 : 64;
             const void *f = pf && r0 == 0 ? (const uint16_t *)pf + (size_t)n8 * D : NULL;
