@@ -71,6 +71,8 @@ typedef struct job {
 /* Score scratch of one task lives on its thread's stack when it is this small
  * (n_rep * G floats); larger shapes take it from the heap per task. */
 #define STACK_SCORES 4096
+/* A unit's partial state (n_rep * (D + 2) floats) stays on the stack up to this. */
+#define STACK_PART 2048
 
 /* acc [n_rep][D] += p [n_rep][n] x values of a block whose values are partly
  * quantized (eager values; at most one such block per layer and head): the
@@ -240,8 +242,15 @@ static void run_unit(const job *J, const seqwork *W, int h, int u, const unit *n
     const kkv_seq *s = W->s;
     const float *q = W->q + (size_t)h * J->n_rep * D;
     size_t tu = (size_t)h * W->n_units + u;
-    float *acc = W->acc + tu * J->n_rep * D;
-    float *ml = W->ml + tu * J->n_rep * 2;
+    float *acc_out = W->acc + tu * J->n_rep * D, *ml_out = W->ml + tu * J->n_rep * 2;
+    /* The unit's state lives on this thread's stack while its blocks run and
+     * is copied out once: in the shared arrays neighbouring units' states
+     * share cache lines (ml is 24 bytes a unit for 3 heads), which the two
+     * threads, running neighbouring units, wrote in turn at every page. */
+    float part[STACK_PART]; /* [n_rep][D] acc, then [n_rep][2] ml */
+    int local = (size_t)J->n_rep * (D + 2) <= STACK_PART;
+    float *acc = local ? part : acc_out;
+    float *ml = local ? part + (size_t)J->n_rep * D : ml_out;
     memset(acc, 0, (size_t)J->n_rep * D * sizeof *acc);
     for (int r = 0; r < J->n_rep; r++) {
         ml[2 * r] = -INFINITY;
@@ -294,6 +303,10 @@ static void run_unit(const job *J, const seqwork *W, int h, int u, const unit *n
         b.kpage = NULL;
         block_values(c, &b, s, J->layer, h, n, n->kp * G);
         attend_block(c, acc, ml, sc, q, J->n_rep, &b, U->skip, NULL);
+    }
+    if (local) {
+        memcpy(acc_out, acc, (size_t)J->n_rep * D * sizeof *acc);
+        memcpy(ml_out, ml, (size_t)J->n_rep * 2 * sizeof *ml);
     }
 }
 
