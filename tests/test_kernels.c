@@ -31,8 +31,9 @@
  * softmax weights by a factor exp(+-2x), x ~ 1e-3 here, plus the value error),
  * and 1 vs 2 threads must be bit-identical.
  *
- *     test_kernels [--bench-plan | --bench-pages [NB] | --bench-f16]   (time the planned key kernel,
- *     or the best table's page kernels; no tests) */
+ *     test_kernels [--bench-plan | --bench-pages [NB] | --bench-f16]
+ *     (time the planned key kernel, the best table's page kernels, or the
+ *     fp16 kernels AVX2 vs AVX-512; no tests) */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -92,17 +92,6 @@ AI void qk_f16_tile(float *s, size_t ld, const float *qp, int Dp, const uint16_t
     }
 }
 
-/* Prefetch hint for the rows [t0, t1) of the fp16 chunk pf ([n][D]): to L2
- * (prefetcht2), at the pace the kernel reads its own rows, so the next chunk
- * is in flight while this one is computed. Measured on Zen 4 with pages 2.9 MB
- * apart: t2 beat t0 and NTA, and one whole-page burst up front was slower
- * than no prefetch at all (it evicts the rows in use from the 32 KB L1). */
-AI void pf_rows(const void *pf, int t0, int t1, int D) {
-    if (!pf) return;
-    const char *b = (const char *)pf + (size_t)t0 * D * 2, *e = (const char *)pf + (size_t)t1 * D * 2;
-    for (; b < e; b += 64) __builtin_prefetch(b, 0, 1);
-}
-
 AI void qk_f16_rb(float *s, size_t ld, const float *qp, int Dp, const uint16_t *k, int n, int D,
                   int RB, const void *pf) {
     int t = 0;

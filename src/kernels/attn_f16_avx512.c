@@ -43,12 +43,6 @@ AI __m512 hadd512(__m512 x, __m512 y) {
     return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0xDD), _mm512_shuffle_ps(x, y, 0x88));
 }
 
-AI void pf_rows16(const void *pf, int t0, int t1, int D) {
-    if (!pf) return;
-    const char *b = (const char *)pf + (size_t)t0 * D * 2, *e = (const char *)pf + (size_t)t1 * D * 2;
-    for (; b < e; b += 64) __builtin_prefetch(b, 0, 1);
-}
-
 /* Scores of 8 tokens for RB heads. qd: [RB][nc][16] duplicated query slices,
  * nc = ceil(D / 8); s: [RB][ld], the 8 scores land at s[r * ld + 0..7]. */
 AI void qk8(float *s, size_t ld, const float *qd, int nc, const uint16_t *k, int D, int RB) {
@@ -92,7 +86,7 @@ void kkv_avx512_qk_f16(float *s, const float *q, int n_rep, const uint16_t *k, i
             float *sr = s + (size_t)r0 * n;
             const void *f = r0 == 0 ? pf : NULL; /* the first pass over the rows prefetches */
             for (int t = 0; t < n8; t += 8) {
-                pf_rows16(f, t, t + 8, D);
+                pf_rows(f, t, t + 8, D);
                 const uint16_t *kt = k + (size_t)t * D;
                 if (rb == 4) qk8(sr + t, (size_t)n, qd, nc, kt, D, 4);
                 else if (rb == 3) qk8(sr + t, (size_t)n, qd, nc, kt, D, 3);
@@ -126,7 +120,7 @@ AI void pv16(float *acc, int D, const float *p, size_t ldp, const uint16_t *v, i
             a[r][i] = i == NV - 1 ? _mm512_maskz_loadu_ps(mk, src) : _mm512_loadu_ps(src);
         }
     for (int t = 0; t < n; t++) {
-        pf_rows16(pf, t, t + 1, D);
+        pf_rows(pf, t, t + 1, D);
         const uint16_t *row = v + (size_t)t * D + j;
         __m512 x[4];
         for (int i = 0; i < NV; i++) {
