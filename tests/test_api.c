@@ -132,6 +132,22 @@ static void count_task(void *ctx, int task) {
     atomic_fetch_add(c, task + 1);
 }
 
+/* Tasks of one job: each counts its runs; tasks of the first span are slow,
+ * so the other threads run out early and take them from its back. */
+typedef struct once_job {
+    atomic_int runs[1000]; /* [n] */
+    int        n, slow;
+} once_job;
+
+static void once_task(void *ctx, int task) {
+    once_job *j = ctx;
+    atomic_fetch_add(&j->runs[task], 1);
+    if (task < j->slow) {
+        volatile unsigned x = 0;
+        for (int i = 0; i < 20000; i++) x += (unsigned)i;
+    }
+}
+
 static void test_threadpool(void) {
     kkv_threadpool *tp = NULL;
     CHECK(kkv_threadpool_create(&tp, 3) == KKV_OK && kkv_threadpool_size(tp) == 3, "pool of 3");
@@ -139,6 +155,23 @@ static void test_threadpool(void) {
     kkv_threadpool_run(tp, 100, count_task, &sum);
     CHECK(atomic_load(&sum) == 5050, "every task ran once (%d)", atomic_load(&sum));
     kkv_threadpool_free(tp);
+    /* spans and stealing: fewer tasks than threads, uneven spans, a slow span */
+    static once_job j;
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 64, 333, 1000};
+    for (int threads = 2; threads <= 5; threads++) {
+        CHECK(kkv_threadpool_create(&tp, threads) == KKV_OK, "pool of %d", threads);
+        for (int i = 0; i < (int)(sizeof ns / sizeof *ns); i++)
+            for (int rep = 0; rep < 20; rep++) {
+                j.n = ns[i];
+                j.slow = rep % 2 ? ns[i] / threads : 0;
+                for (int t = 0; t < j.n; t++) atomic_store(&j.runs[t], 0);
+                kkv_threadpool_run(tp, j.n, once_task, &j);
+                int bad = 0;
+                for (int t = 0; t < j.n; t++) bad += atomic_load(&j.runs[t]) != 1;
+                CHECK(!bad, "%d threads, %d tasks: %d tasks did not run exactly once", threads, j.n, bad);
+            }
+        kkv_threadpool_free(tp);
+    }
     CHECK(kkv_threadpool_create(&tp, 1) == KKV_OK && tp && kkv_threadpool_size(tp) == 1,
           "a one-thread pool is a real handle");
     kkv_threadpool_free(tp);

@@ -64,6 +64,7 @@ typedef struct seqwork {
 typedef struct job {
     kkv_cache      *c;
     int             layer, n_rep, n_seqs;
+    int             parts;  /* threads of the pool: slices of each head's tasks */
     const seqwork  *w;      /* [n_seqs], task0 increasing */
     atomic_int      oom;    /* a task could not get its score scratch */
 } job;
@@ -310,11 +311,30 @@ static void run_unit(const job *J, const seqwork *W, int h, int u, const unit *n
     }
 }
 
+/* Task k of a sequence as (head h, task g of that head). The pool deals
+ * tasks to its threads in contiguous spans (threads.c), so the order is by
+ * part, then head: part i holds the i-th of T slices of every head's tasks.
+ * Each thread then walks its slice of each head in page order. */
+static void task_head(const job *J, const seqwork *W, int k, int *h, int *g) {
+    int nt = W->n_tasks, T = J->parts, H = J->c->H;
+    for (int i = 0; i < T; i++) {
+        int b0 = i * nt / T, b1 = (i + 1) * nt / T, len = b1 - b0;
+        if (k < H * b1) {
+            int r = k - H * b0;
+            *h = r / len;
+            *g = b0 + r % len;
+            return;
+        }
+    }
+    *h = 0, *g = 0; /* unreachable: k < H nt */
+}
+
 static void run_task(void *arg, int task) {
     job *J = arg;
     const seqwork *W = work_of(J, task);
     int k = task - W->task0;
-    int h = k / W->n_tasks, g = k % W->n_tasks;
+    int h, g;
+    task_head(J, W, k, &h, &g);
     float stack_sc[STACK_SCORES];
     size_t sc_n = (size_t)J->n_rep * J->c->G;
     float *sc = sc_n <= STACK_SCORES ? stack_sc : malloc(sc_n * sizeof *sc); /* [n_rep][G] */
@@ -450,7 +470,7 @@ kkv_status kkv_attend_impl(kkv_cache *c, float *out, const kkv_seq *const *ss, i
         acc += pi * D;
         ml += pi * 2;
     }
-    job J = {c, layer, n_rep, n_seqs, w, 0};
+    job J = {c, layer, n_rep, n_seqs, kkv_tp_size(c->tp), w, 0};
     kkv_tp_run(c->tp, tasks, run_task, &J);
     if (atomic_load(&J.oom)) return kkv_fail(KKV_ERR_NOMEM, "attend: out of memory for scores");
     for (int i = 0; i < n_seqs; i++) merge_partials(c, out + (size_t)i * row, &w[i], n_rep);

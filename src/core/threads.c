@@ -6,6 +6,15 @@
  * job: with sleeping workers two threads were barely faster than one. The
  * spin is bounded, so an idle pool costs no CPU.
  *
+ * Tasks are dealt in contiguous spans, one per thread: a thread takes its own
+ * span's tasks from the front, in order, and when it runs out takes other
+ * spans' tasks from their back. Neighbouring tasks read neighbouring data (an
+ * attention head's consecutive pages, a matmul's consecutive row blocks), and
+ * a task prefetches what the next one reads first: with one shared counter two
+ * threads took tasks alternately, each started on data the other had fetched,
+ * and kitty attention at 16K spent ~18% more CPU on two threads than on one.
+ * Which thread runs a task still never changes a result (threads.h).
+ *
  * Handshakes use sequentially consistent atomics (Dekker style): a sleeper
  * announces itself (sleepers++ under the mutex) and then re-reads the job
  * counter; a publisher bumps the counter and then reads sleepers. One of the
@@ -33,9 +42,24 @@
 #define SPIN_NS_DEFAULT 20000
 #define SPIN_US_MAX     100000
 
+/* The tasks [front, back) of one thread's span, packed front << 32 | back so
+ * one compare-and-swap claims a task from either end. A line of its own: the
+ * owner claims from it at every task. */
+typedef struct span {
+    _Alignas(64) atomic_ullong fb;
+    char pad[64 - sizeof(atomic_ullong)];
+} span;
+
+/* What a worker thread is given: the pool and its span. */
+typedef struct worker_arg {
+    struct kkv_threadpool *tp;
+    int                    self;
+} worker_arg;
+
 struct kkv_threadpool {
     int             n_workers; /* threads besides the caller */
     pthread_t      *workers;   /* [n_workers] */
+    worker_arg     *args;      /* [n_workers] */
     pthread_mutex_t mu;
     pthread_cond_t  wake;      /* a new job, or shutdown */
     pthread_cond_t  done;      /* the last worker left the job */
@@ -47,7 +71,7 @@ struct kkv_threadpool {
     kkv_task_fn     fn;        /* the current job: written before generation moves */
     void           *ctx;
     int             n_tasks;
-    atomic_int      next;
+    span           *spans;     /* [n_workers + 1]: the caller's, then worker i's at i + 1 */
     long long       spin_ns;   /* polling bound before sleeping (see SPIN_NS_DEFAULT) */
 };
 
@@ -72,11 +96,24 @@ static inline int still_spinning(int i, long long *t0, long long spin_ns) {
     return t - *t0 < spin_ns;
 }
 
-static void drain(kkv_tp *tp) {
+/* Claims one task of span sp: from the front for its owner, else from the
+ * back. Returns -1 when the span is empty. */
+static int claim(span *sp, int front) {
+    unsigned long long v = atomic_load(&sp->fb);
     for (;;) {
-        int t = atomic_fetch_add(&tp->next, 1);
-        if (t >= tp->n_tasks) return;
-        tp->fn(tp->ctx, t);
+        unsigned f = (unsigned)(v >> 32), b = (unsigned)v;
+        if (f >= b) return -1;
+        unsigned long long nv = front ? v + (1ull << 32) : v - 1;
+        if (atomic_compare_exchange_weak(&sp->fb, &v, nv)) return front ? (int)f : (int)b - 1;
+    }
+}
+
+/* Runs tasks until every span is empty: self's own first, then the others'. */
+static void drain(kkv_tp *tp, int self) {
+    int n = tp->n_workers + 1;
+    for (int k = 0; k < n; k++) {
+        span *sp = &tp->spans[(self + k) % n];
+        for (int t; (t = claim(sp, k == 0)) >= 0;) tp->fn(tp->ctx, t);
     }
 }
 
@@ -96,13 +133,14 @@ static void wait_job(kkv_tp *tp, unsigned long seen) {
 }
 
 static void *worker_main(void *arg) {
-    kkv_tp *tp = arg;
+    const worker_arg *wa = arg;
+    kkv_tp *tp = wa->tp;
     unsigned long seen = 0;
     for (;;) {
         wait_job(tp, seen);
         if (atomic_load(&tp->quit)) break;
         seen = atomic_load(&tp->generation);
-        drain(tp);
+        drain(tp, wa->self);
         if (atomic_fetch_sub(&tp->busy, 1) == 1 && atomic_load(&tp->caller_waiting)) {
             pthread_mutex_lock(&tp->mu);
             pthread_cond_signal(&tp->done);
@@ -138,16 +176,23 @@ kkv_status kkv_threadpool_create(kkv_threadpool **out, int n_threads) {
     kkv_tp *tp = calloc(1, sizeof *tp);
     if (!tp) return kkv_fail(KKV_ERR_NOMEM, "thread pool: out of memory");
     tp->workers = calloc((size_t)n_threads, sizeof *tp->workers); /* [n_threads - 1] used */
-    if (!tp->workers) {
+    tp->args = calloc((size_t)n_threads, sizeof *tp->args);      /* [n_threads - 1] used */
+    tp->spans = aligned_alloc(64, (size_t)n_threads * sizeof *tp->spans); /* [n_threads] */
+    if (!tp->workers || !tp->args || !tp->spans) {
+        free(tp->workers);
+        free(tp->args);
+        free(tp->spans);
         free(tp);
         return kkv_fail(KKV_ERR_NOMEM, "thread pool: out of memory");
     }
+    for (int i = 0; i < n_threads; i++) atomic_init(&tp->spans[i].fb, 0);
     tp->spin_ns = spin_bound_ns();
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->wake, NULL);
     pthread_cond_init(&tp->done, NULL);
     for (int i = 0; i < n_threads - 1; i++) {
-        if (pthread_create(&tp->workers[i], NULL, worker_main, tp) != 0) break;
+        tp->args[i] = (worker_arg){tp, i + 1};
+        if (pthread_create(&tp->workers[i], NULL, worker_main, &tp->args[i]) != 0) break;
         tp->n_workers++;
     }
     *out = tp;
@@ -165,6 +210,8 @@ void kkv_tp_free(kkv_tp *tp) {
     pthread_cond_destroy(&tp->wake);
     pthread_cond_destroy(&tp->done);
     free(tp->workers);
+    free(tp->args);
+    free(tp->spans);
     free(tp);
 }
 
@@ -180,7 +227,12 @@ void kkv_tp_run(kkv_tp *tp, int n_tasks, kkv_task_fn fn, void *ctx) {
     tp->fn = fn;
     tp->ctx = ctx;
     tp->n_tasks = n_tasks;
-    atomic_store(&tp->next, 0);
+    int n = tp->n_workers + 1; /* span i: tasks [i * n_tasks / n, (i + 1) * n_tasks / n) */
+    for (int i = 0; i < n; i++) {
+        unsigned long long f = (unsigned long long)((long long)i * n_tasks / n);
+        unsigned long long b = (unsigned long long)((long long)(i + 1) * n_tasks / n);
+        atomic_store(&tp->spans[i].fb, f << 32 | b);
+    }
     atomic_store(&tp->busy, tp->n_workers);
     atomic_fetch_add(&tp->generation, 1);
     if (atomic_load(&tp->sleepers) > 0) {
@@ -188,7 +240,7 @@ void kkv_tp_run(kkv_tp *tp, int n_tasks, kkv_task_fn fn, void *ctx) {
         pthread_cond_broadcast(&tp->wake);
         pthread_mutex_unlock(&tp->mu);
     }
-    drain(tp);
+    drain(tp, 0);
     long long t0 = 0;
     for (int i = 0; atomic_load(&tp->busy) > 0 && still_spinning(i, &t0, tp->spin_ns); i++) cpu_relax();
     if (atomic_load(&tp->busy) > 0) {
