@@ -26,6 +26,33 @@ AI float hmax(__m256 a) {
     return _mm_cvtss_f32(x);
 }
 
+/* The softmax's e^x for x <= 0, shared by the AVX2 and AVX-512 kernels so
+ * their lanes agree bit for bit: clamped below at -87.3 (e^x is then still a
+ * normal float), n = round(x log2 e), r = x - n ln 2 in two steps
+ * (Cody-Waite, |r| <= ln2 / 2), e^r by its degree-6 Taylor polynomial
+ * (truncation < 1.2e-7 relative), times 2^n. */
+#define KKV_EXP_LOG2E 1.44269504f
+#define KKV_EXP_LN2_HI 0.693359375f     /* ln 2 = HI + LO; n * HI is exact */
+#define KKV_EXP_LN2_LO -2.12194440e-4f
+#define KKV_EXP_MIN -87.3f
+
+AI __m256 exp_neg(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(KKV_EXP_MIN));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(KKV_EXP_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KKV_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KKV_EXP_LN2_LO), r);
+    __m256 y = _mm256_set1_ps(1.0f / 720.0f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 120.0f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 24.0f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 6.0f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(0.5f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e)); /* exact: y 2^n is a normal float */
+}
+
 /* Prefetch hint for the rows [t0, t1) of the fp16 chunk pf ([n][D]): to L2
  * (prefetcht2), at the pace the kernel reads its own rows, so the next chunk
  * is in flight while this one is computed. Measured on Zen 4 with pages 2.9 MB
