@@ -60,7 +60,8 @@ typedef struct kkv_ops {
     /* Online-softmax step of one block for n_rep query heads. s: [n_rep][n] raw
      * dots in, unnormalised probabilities exp(s*inv - m_new) out. ml: [n_rep][2]
      * running (max, sum), updated. acc: [n_rep][D] partial outputs, rescaled by
-     * exp(m_old - m_new). The running max starts at -INFINITY. */
+     * exp(m_old - m_new). The running max starts at -INFINITY. inv > 0 (the
+     * SIMD kernels take the raw maximum and scale it once). */
     void (*softmax)(float *s, float *ml, float *acc, int n_rep, int n, int D, float inv);
 } kkv_ops;
 
