@@ -76,7 +76,9 @@ void       kkv_threadpool_free(kkv_threadpool *tp);
 int        kkv_threadpool_size(const kkv_threadpool *tp);
 /* Runs fn(ctx, task) for every task in [0, n_tasks) on the pool and the
  * calling thread; returns when all are done. tp may be NULL (serial). Which
- * thread runs a task is unspecified: give each task its own output. */
+ * thread runs a task is unspecified: give each task its own output. Each
+ * thread starts on a contiguous run of tasks, in order, so tasks whose
+ * neighbours read neighbouring data keep their caches warm. */
 void       kkv_threadpool_run(kkv_threadpool *tp, int n_tasks, kkv_task_fn fn, void *ctx);
 
 /* Makes the cache run attention on tp (borrowed; it must outlive the cache or

@@ -70,7 +70,6 @@ struct kkv_threadpool {
     atomic_int      quit;
     kkv_task_fn     fn;        /* the current job: written before generation moves */
     void           *ctx;
-    int             n_tasks;
     span           *spans;     /* [n_workers + 1]: the caller's, then worker i's at i + 1 */
     long long       spin_ns;   /* polling bound before sleeping (see SPIN_NS_DEFAULT) */
 };
@@ -226,7 +225,6 @@ void kkv_tp_run(kkv_tp *tp, int n_tasks, kkv_task_fn fn, void *ctx) {
     /* no worker is inside a job here (the last run waited for busy == 0) */
     tp->fn = fn;
     tp->ctx = ctx;
-    tp->n_tasks = n_tasks;
     int n = tp->n_workers + 1; /* span i: tasks [i * n_tasks / n, (i + 1) * n_tasks / n) */
     for (int i = 0; i < n; i++) {
         unsigned long long f = (unsigned long long)((long long)i * n_tasks / n);
