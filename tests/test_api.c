@@ -136,6 +136,7 @@ static void count_task(void *ctx, int task) {
  * so the other threads run out early and take them from its back. */
 typedef struct once_job {
     atomic_int runs[1000]; /* [n] */
+    unsigned   spin[1000]; /* [n] the slow tasks' busy work */
     int        n, slow;
 } once_job;
 
@@ -144,7 +145,8 @@ static void once_task(void *ctx, int task) {
     atomic_fetch_add(&j->runs[task], 1);
     if (task < j->slow) {
         volatile unsigned x = 0;
-        for (int i = 0; i < 20000; i++) x += (unsigned)i;
+        for (int i = 0; i < 20000; i++) x = x + (unsigned)i;
+        j->spin[task] = x; /* each task its own slot */
     }
 }
 
