@@ -4,8 +4,8 @@
  *   s_t = sum_j f_j c_tj + sum_j q_j mn_j,   f_j = q_j * scale_j.
  * Per page and query head f is rounded to integers x_j on ONE step
  *   d = max_j |f_j| / QMAX,  QMAX = 127 * 256 + 127 = 32639,
- * and each x_j is split into two signed bytes, x = 256 a + b (a, b in
- * [-127, 127]). vpdpbusd multiplies the unsigned 2-bit / 4-bit codes by a and
+ * and each x_j is split into two signed bytes, x = 256 a + b (a in
+ * [-127, 127], b in [-128, 127]). vpdpbusd multiplies the unsigned 2-bit / 4-bit codes by a and
  * by b into two int32 sums A and B; 256 A + B = sum_j x_j c_tj exactly (|A| <=
  * 127 * 15 * 256 * 2, far from overflow). This is the int16 query of the
  * issue in the instruction the CPU is fastest at.
@@ -146,8 +146,9 @@ AI int fold_wide(int8_t (*w)[2][WQ], float *d, float *cst, const float *q, int R
                 corr[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(vd[r], _mm512_cvtepi32_ps(xv[r][e]), fv), half, corr[r]);
             }
         }
-        /* x = 256 a + b with |a|, |b| <= 127: b is x's low byte, a the high
-         * byte of x + 128 (as int16: |x| <= 32639, no overflow). Two packs
+        /* x = 256 a + b, a in [-127, 127], b in [-128, 127]: b is x's low
+         * byte, a the high byte of x + 128 (as int16: |x| <= 32639, no
+         * overflow). Two packs
          * and two byte permutes per head, where per-lane shifts and narrowing
          * moves took ~4x the instructions (the fold: 40 -> 33 ns per page) */
         for (int r = 0; r < RB; r++) {
