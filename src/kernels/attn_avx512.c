@@ -21,13 +21,8 @@ AI __m512 exp_neg16(__m512 x) {
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(KKV_EXP_LN2_HI), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(KKV_EXP_LN2_LO), r);
-    __m512 y = _mm512_set1_ps(1.0f / 720.0f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 120.0f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 24.0f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 6.0f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(0.5f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
+    __m512 y = _mm512_set1_ps(kkv_exp_taylor[0]);
+    for (int k = 1; k < 7; k++) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kkv_exp_taylor[k]));
     return _mm512_scalef_ps(y, n);
 }
 

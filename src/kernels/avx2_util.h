@@ -35,6 +35,10 @@ AI float hmax(__m256 a) {
 #define KKV_EXP_LN2_HI 0.693359375f     /* ln 2 = HI + LO; n * HI is exact */
 #define KKV_EXP_LN2_LO -2.12194440e-4f
 #define KKV_EXP_MIN -87.3f
+/* e^r = sum r^k / k!, k = 6 down to 0, in Horner order: the one list both
+ * widths step through. */
+static const float kkv_exp_taylor[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f,
+                                        0.5f,          1.0f,          1.0f};
 
 AI __m256 exp_neg(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(KKV_EXP_MIN));
@@ -42,13 +46,8 @@ AI __m256 exp_neg(__m256 x) {
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KKV_EXP_LN2_HI), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KKV_EXP_LN2_LO), r);
-    __m256 y = _mm256_set1_ps(1.0f / 720.0f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 120.0f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 24.0f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 6.0f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(0.5f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
+    __m256 y = _mm256_set1_ps(kkv_exp_taylor[0]);
+    for (int k = 1; k < 7; k++) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kkv_exp_taylor[k]));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e)); /* exact: y 2^n is a normal float */
 }
