@@ -44,7 +44,6 @@ static void kkv_avx512_softmax(float *sc, float *ml, float *acc, int n_rep, int 
         for (t = n8; t < n; t++) raw = s[t] > raw ? s[t] : raw;
         float mx = raw * inv;
         mx = m_old > mx ? m_old : mx;
-        float corr = expf(m_old - mx); /* 0 on the first block, where m_old = -inf */
         __m512 vmx = _mm512_set1_ps(mx), vs = _mm512_setzero_ps();
         /* whole vectors load and store unmasked: a masked store does not
          * forward to the loads after it (the value kernel's), which then wait
@@ -67,6 +66,11 @@ static void kkv_avx512_softmax(float *sc, float *ml, float *acc, int n_rep, int 
             vs = _mm512_add_ps(vs, e);
         }
         float sum = hsum(_mm256_add_ps(_mm512_castps512_ps256(vs), _mm512_extractf32x8_ps(vs, 1)));
+        if (mx == m_old && mx > -INFINITY) { /* the max held: corr = e^0 = 1, a no-op */
+            ml[2 * r + 1] += sum;
+            continue;
+        }
+        float corr = expf(m_old - mx); /* 0 on the first block, where m_old = -inf */
         __m512 vc = _mm512_set1_ps(corr);
         int j = 0;
         for (; j + 16 <= D; j += 16) _mm512_storeu_ps(a + j, _mm512_mul_ps(_mm512_loadu_ps(a + j), vc));
