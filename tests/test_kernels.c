@@ -359,6 +359,41 @@ static void test_softmax(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
         }
 }
 
+/* The running max held and the running max infinite. When a block's max stays
+ * below the running one the SIMD softmaxes skip the rescale by e^0 = 1: acc
+ * must come back bit for bit, the max unchanged and the sum l + this block's
+ * sum. At a running max of +inf the scalar reference's e^(inf - inf) is NaN,
+ * and every table must give the same NaN state, not skip it. */
+static void test_softmax_held(const kkv_ops *k, tu_rng *r) {
+    enum { D = 64, N = 37 };
+    for (int R = 1; R <= 8 && !tu_failed(); R++) {
+        float s0[8 * N], s1[8 * N], ml0[16], ml1[16], a0[8 * D], a1[8 * D], a_in[8 * D];
+        for (int i = 0; i < R * N; i++) s0[i] = s1[i] = tu_normal(r) * 4.0f;
+        for (int i = 0; i < R * D; i++) a_in[i] = a0[i] = a1[i] = tu_normal(r);
+        for (int i = 0; i < R; i++) ml0[2 * i] = 50.0f, ml0[2 * i + 1] = 2.5f; /* above every s * 0.125 */
+        memcpy(ml1, ml0, sizeof ml0);
+        k->softmax(s1, ml1, a1, R, N, D, 0.125f);
+        for (int i = 0; i < R; i++) {
+            float ml2[2] = {50.0f, 0.0f}, a2[D], s2[N];
+            memcpy(s2, s0 + (size_t)i * N, sizeof s2);
+            memcpy(a2, a_in + (size_t)i * D, sizeof a2);
+            k->softmax(s2, ml2, a2, 1, N, D, 0.125f); /* the same head from l = 0 */
+            CHECK(ml1[2 * i] == 50.0f && ml1[2 * i + 1] == 2.5f + ml2[1] &&
+                      memcmp(a1 + (size_t)i * D, a_in + (size_t)i * D, D * sizeof(float)) == 0,
+                  "%s softmax n_rep=%d head %d: held max changed acc or the state", kkv_kernel_name(k->kind), R, i);
+        }
+        for (int i = 0; i < R; i++) ml0[2 * i] = ml1[2 * i] = INFINITY, ml0[2 * i + 1] = ml1[2 * i + 1] = 1.0f;
+        memcpy(a0, a_in, sizeof a0), memcpy(a1, a_in, sizeof a1), memcpy(s1, s0, sizeof s1);
+        kkv_ops_scalar.softmax(s0, ml0, a0, R, N, D, 0.125f);
+        k->softmax(s1, ml1, a1, R, N, D, 0.125f);
+        int same = 1;
+        for (int i = 0; i < R * D; i++) same &= isnan(a0[i]) == isnan(a1[i]);
+        for (int i = 0; i < 2 * R; i++) same &= isnan(ml0[i]) == isnan(ml1[i]) && (isnan(ml0[i]) || ml0[i] == ml1[i]);
+        CHECK(same && isnan(a1[0]), "%s softmax n_rep=%d: running max +inf differs from the scalar reference",
+              kkv_kernel_name(k->kind), R);
+    }
+}
+
 static const kkv_select SELS[] = {KKV_SELECT_MAGNITUDE, KKV_SELECT_VARIANCE, KKV_SELECT_RANDOM,
                                   KKV_SELECT_EXPLICIT};
 
@@ -1123,6 +1158,7 @@ int main(int argc, char **argv) {
         test_qk_page(nm, tables[i]->qk_page, qk_bound, &r, &st);
         test_pv_page(nm, tables[i]->pv_page, is_int, &r, &st);
         test_softmax(tables[i], &r, &st);
+        test_softmax_held(tables[i], &r);
         test_encode(tables[i], &r);
         printf("kernel %s: worst primitive error %.3g of magnitude (tolerance %g)\n",
                kkv_kernel_name(tables[i]->kind), st.worst, TOL_PRIM);

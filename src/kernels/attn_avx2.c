@@ -474,7 +474,8 @@ void kkv_avx2_softmax(float *sc, float *ml, float *acc, int n_rep, int n, int D,
             vs[(t >> 3) & 1] = _mm256_add_ps(vs[(t >> 3) & 1], e);
         }
         float sum = hsum(_mm256_add_ps(vs[0], vs[1]));
-        if (mx == m_old && mx > -INFINITY) { /* the max held: corr = e^0 = 1, a no-op */
+        /* the max held: corr = e^0 = 1, a no-op (not at +-inf, where e^(inf - inf) is NaN) */
+        if (mx == m_old && fabsf(mx) < INFINITY) {
             ml[2 * r + 1] += sum;
             continue;
         }

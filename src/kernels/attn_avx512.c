@@ -66,7 +66,8 @@ static void kkv_avx512_softmax(float *sc, float *ml, float *acc, int n_rep, int 
             vs = _mm512_add_ps(vs, e);
         }
         float sum = hsum(_mm256_add_ps(_mm512_castps512_ps256(vs), _mm512_extractf32x8_ps(vs, 1)));
-        if (mx == m_old && mx > -INFINITY) { /* the max held: corr = e^0 = 1, a no-op */
+        /* the max held: corr = e^0 = 1, a no-op (not at +-inf, where e^(inf - inf) is NaN) */
+        if (mx == m_old && fabsf(mx) < INFINITY) {
             ml[2 * r + 1] += sum;
             continue;
         }
