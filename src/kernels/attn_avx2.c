@@ -441,10 +441,8 @@ void kkv_avx2_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page
  * latency. With exp_neg's degree-6 polynomial (was 7) the AVX-512 softmax of
  * a 128-token block for 3 heads went from ~105 to ~88 ns (Zen 5). The fused
  * argument is also the more accurate one: s * inv - m rounded once, where the
- * unfused form lost up to ulp(s * inv) / 2 to cancellation. When a block
- * leaves the running max where it was (most blocks of a long context) the
- * rescale by e^0 = 1 is skipped: the expf call and the pass over acc were
- * ~17 ns of each ~100 ns block in a 16K decode, for the same bits. */
+ * unfused form lost up to ulp(s * inv) / 2 to cancellation. The rescale of
+ * acc, skipped when the max held, is softmax_close (avx2_util.h). */
 void kkv_avx2_softmax(float *sc, float *ml, float *acc, int n_rep, int n, int D, float inv) {
     __m256 vinv = _mm256_set1_ps(inv);
     for (int r = 0; r < n_rep; r++) {
@@ -473,19 +471,7 @@ void kkv_avx2_softmax(float *sc, float *ml, float *acc, int n_rep, int n, int D,
             memcpy(s + t, tmp, (size_t)k * sizeof(float));
             vs[(t >> 3) & 1] = _mm256_add_ps(vs[(t >> 3) & 1], e);
         }
-        float sum = hsum(_mm256_add_ps(vs[0], vs[1]));
-        /* the max held: corr = e^0 = 1, a no-op (not at +-inf, where e^(inf - inf) is NaN) */
-        if (mx == m_old && fabsf(mx) < INFINITY) {
-            ml[2 * r + 1] += sum;
-            continue;
-        }
-        float corr = expf(m_old - mx); /* 0 on the first block, where m_old = -inf */
-        __m256 vc = _mm256_set1_ps(corr);
-        int j = 0;
-        for (; j + 8 <= D; j += 8) _mm256_storeu_ps(a + j, _mm256_mul_ps(_mm256_loadu_ps(a + j), vc));
-        for (; j < D; j++) a[j] *= corr;
-        ml[2 * r + 1] = ml[2 * r + 1] * corr + sum;
-        ml[2 * r] = mx;
+        softmax_close(a, ml + 2 * r, D, m_old, mx, hsum(_mm256_add_ps(vs[0], vs[1])));
     }
 }
 

@@ -65,19 +65,9 @@ static void kkv_avx512_softmax(float *sc, float *ml, float *acc, int n_rep, int 
             if (n8 & 8) e = _mm512_shuffle_f32x4(e, e, 0x4E); /* odd: into the high half */
             vs = _mm512_add_ps(vs, e);
         }
+        /* the two chains added as AVX2 adds its two; the rescale is the shared one */
         float sum = hsum(_mm256_add_ps(_mm512_castps512_ps256(vs), _mm512_extractf32x8_ps(vs, 1)));
-        /* the max held: corr = e^0 = 1, a no-op (not at +-inf, where e^(inf - inf) is NaN) */
-        if (mx == m_old && fabsf(mx) < INFINITY) {
-            ml[2 * r + 1] += sum;
-            continue;
-        }
-        float corr = expf(m_old - mx); /* 0 on the first block, where m_old = -inf */
-        __m512 vc = _mm512_set1_ps(corr);
-        int j = 0;
-        for (; j + 16 <= D; j += 16) _mm512_storeu_ps(a + j, _mm512_mul_ps(_mm512_loadu_ps(a + j), vc));
-        for (; j < D; j++) a[j] *= corr;
-        ml[2 * r + 1] = ml[2 * r + 1] * corr + sum;
-        ml[2 * r] = mx;
+        softmax_close(a, ml + 2 * r, D, m_old, mx, sum);
     }
 }
 
