@@ -91,15 +91,14 @@ static void add_bias(float *x, const float *b, int n) {
 
 /* The gated activation (SwiGLU, or Gemma's GeGLU) of n * F values in place,
  * in pool tasks of at most ACT_CHUNK values, and at least one task per thread
- * (chunks a multiple of ACT_ALIGN values, so each starts on its own cache
- * line). Element by element, so the same bits however it is split. Why a pool
- * job: one expf or tanhf per value made it ~2 ms of a decode step of 10
- * sequences on the calling thread alone (~3% of the CPU time, while the other
- * thread waited). Why split a single token's F values too: on the caller
- * alone they were ~3.7 us per layer of SmolLM2 (1536 expf) with the other
- * thread idle; split, decode at depth 0 on two threads ran 3% faster for
- * SmolLM2 and 9% for Gemma 3 (tanhf), alternating rounds against the old
- * split. */
+ * (chunk sizes rounded up to ACT_ALIGN values, 64 bytes). Element by element,
+ * so the same bits however it is split. Why a pool job: one expf or tanhf per
+ * value made it ~2 ms of a decode step of 10 sequences on the calling thread
+ * alone (~3% of the CPU time, while the other thread waited). Why split a
+ * single token's F values too: on the caller alone they were ~3.7 us per
+ * layer of SmolLM2 (1536 expf) with the other thread idle; split, decode at
+ * depth 0 on two threads ran 3% faster for SmolLM2 and 9% for Gemma 3
+ * (tanhf), alternating rounds against the old split. */
 #define ACT_CHUNK 4096
 #define ACT_ALIGN 16
 
