@@ -15,6 +15,8 @@
  *     logits of a run that never failed; CTX_FULL likewise, and a batch with
  *     one full sequence appends to none;
  *   - bad arguments (token ids, sequence, cache shape) are rejected. */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,7 @@
 #include "kittykv.h"
 #include "kittykv_cpu.h"
 #include "kittykv_model.h"
+#include "core/cpu.h"
 #include "model/ops.h"
 #include "testutil.h"
 #include "tu_bytes.h"
@@ -127,6 +130,73 @@ static void test_rope_ops(void) {
     const float wa[6] = {-2, 1, -3, -4, 5, 6}, wb[6] = {-3, -2, 1, -4, 5, 6};
     CHECK(memcmp(a, wa, sizeof a) == 0, "adjacent rope: %g %g %g %g", a[0], a[1], a[2], a[3]);
     CHECK(memcmp(b, wb, sizeof b) == 0, "neox rope: %g %g %g %g", b[0], b[1], b[2], b[3]);
+}
+
+/* The gated activations: kkv_op_act's pick (AVX2 where the CPU has it) gives
+ * the scalar reference's bits on every length (tails of 1..7) and on the
+ * edges of the exponential's range, infinities and NaN included; and the
+ * reference is within a few float roundings of a double-precision
+ * evaluation of the formulas with libm's exp. */
+static double act_ref(int gemma, double x, double u) {
+    /* 0.5 x (1 + tanh z) as x / (1 + e^-2z): the same function, without the
+     * cancellation of 1 + tanh z for z << 0 (which even double suffers) */
+    if (gemma) return x / (1.0 + exp(-2.0 * 0.7978845608028654 * (x + 0.044715 * x * x * x))) * u;
+    return x / (1.0 + exp(-x)) * u;
+}
+
+static void test_act_ops(void) {
+    enum { N = 4096 };
+    static float g[N], u[N], a[N], b[N];
+    tu_rng r = tu_rng_make(11);
+    static const float edge[] = {0.0f, -0.0f, 1e-40f, -1e-40f, 1e-20f, 87.0f, -87.0f, 87.3f, -87.3f,
+                                 88.0f, -88.0f, 89.0f, -89.0f, 100.0f, -100.0f, 1e30f, -1e30f,
+                                 INFINITY, -INFINITY, NAN, 0.5f, -0.5f, 3.0f, -3.0f};
+    const int n_edge = (int)(sizeof edge / sizeof edge[0]);
+    for (int i = 0; i < N; i++) {
+        static const float spread[4] = {0.1f, 1.0f, 5.0f, 30.0f};
+        g[i] = i < n_edge ? edge[i] : tu_normal(&r) * spread[i % 4];
+        u[i] = i < n_edge ? 1.0f : tu_normal(&r);
+    }
+    for (int gemma = 0; gemma < 2; gemma++) {
+        kkv_act_fn ref = gemma ? kkv_op_geglu : kkv_op_swiglu, fast = kkv_op_act(gemma);
+        /* every length 1..40 at several offsets, then the whole array */
+        int mism = 0;
+        for (int len = 1; len <= 40; len++)
+            for (int off = 0; off + len <= 200; off += 37) {
+                memcpy(a, g + off, (size_t)len * sizeof *a);
+                memcpy(b, g + off, (size_t)len * sizeof *b);
+                ref(a, u + off, len);
+                fast(b, u + off, len);
+                mism += memcmp(a, b, (size_t)len * sizeof *a) != 0;
+            }
+        memcpy(a, g, sizeof a);
+        memcpy(b, g, sizeof b);
+        ref(a, u, N);
+        fast(b, u, N);
+        mism += memcmp(a, b, sizeof a) != 0;
+        CHECK(mism == 0, "%s: the fast activation differs from the reference in %d runs",
+              gemma ? "geglu" : "swiglu", mism);
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            if (isnan(g[i])) {
+                bad += !isnan(a[i]);
+                continue;
+            }
+            double x = g[i], want = act_ref(gemma, x, (double)u[i]);
+            /* the exponential's argument carries the float roundings of its
+             * computation (GeGLU's cubic: a few ulps of 2z), which e^arg turns
+             * into ~|arg| ulps of the result; past e^88 the exact value is
+             * below 1e-35 */
+            double arg = gemma ? 2.0 * 0.7978845608028654 * fabs(x + 0.044715 * x * x * x) : fabs(x);
+            double tol = (2e-6 + 3e-7 * arg) * fabs(want) + 1e-35;
+            if (isinf(want) ? a[i] != (float)want : fabs((double)a[i] - want) > tol) {
+                if (bad++ < 3)
+                    fprintf(stderr, "  %s(%g, %g) = %.9g, double %.9g\n", gemma ? "geglu" : "swiglu",
+                            (double)g[i], (double)u[i], (double)a[i], want);
+            }
+        }
+        CHECK(bad == 0, "%s: %d values off the double-precision formula", gemma ? "geglu" : "swiglu", bad);
+    }
 }
 
 static void test_load_errors(void) {
@@ -590,6 +660,7 @@ static void test_fork_state(const int32_t *prompt) {
 
 int main(void) {
     test_rope_ops();
+    test_act_ops();
     test_load_errors();
 
     const char *path = getenv("KKV_MODEL") && *getenv("KKV_MODEL")

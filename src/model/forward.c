@@ -107,15 +107,14 @@ typedef struct act_job {
     const float *u;     /* [total] up */
     size_t       total;
     size_t       chunk; /* values per task */
-    int          gemma;
+    kkv_act_fn   fn;    /* kkv_op_act's pick: the same bits on every CPU */
 } act_job;
 
 static void act_task(void *ctx, int task) {
     const act_job *a = ctx;
     size_t i0 = (size_t)task * a->chunk;
     int n = (int)(a->total - i0 < a->chunk ? a->total - i0 : a->chunk);
-    if (a->gemma) kkv_op_geglu(a->g + i0, a->u + i0, n);
-    else kkv_op_swiglu(a->g + i0, a->u + i0, n);
+    a->fn(a->g + i0, a->u + i0, n);
 }
 
 static void activate(const kkv_model *m, float *g, const float *u, size_t total) {
@@ -124,7 +123,7 @@ static void activate(const kkv_model *m, float *g, const float *u, size_t total)
     per = (per + ACT_ALIGN - 1) / ACT_ALIGN * ACT_ALIGN;
     if (per > ACT_CHUNK) per = ACT_CHUNK;
     if (per == 0) return; /* total == 0 */
-    act_job a = {g, u, total, per, m->gemma};
+    act_job a = {g, u, total, per, kkv_op_act(m->gemma)};
     size_t tasks = (total + per - 1) / per;
     if (tasks <= 1) {
         act_task(&a, 0);

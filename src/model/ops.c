@@ -2,6 +2,9 @@
  * vectorized variant may replace one only if it returns identical bits. */
 #include "model/ops.h"
 
+#include "core/cpu.h"
+#include "model/act_exp.h"
+
 #include <math.h>
 
 void kkv_op_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
@@ -59,15 +62,18 @@ void kkv_op_rope_neox(float *x, int n_heads, int head_dim, const float *cs, cons
 }
 
 void kkv_op_swiglu(float *g, const float *u, int n) {
-    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (int i = 0; i < n; i++) g[i] = kkv_act_swiglu1(g[i], u[i]);
 }
 
 void kkv_op_geglu(float *g, const float *u, int n) {
-    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
-    for (int i = 0; i < n; i++) {
-        float x = g[i];
-        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
-    }
+    for (int i = 0; i < n; i++) g[i] = kkv_act_geglu1(g[i], u[i]);
+}
+
+kkv_act_fn kkv_op_act(int gemma) {
+#if defined(__x86_64__)
+    if (kkv_cpu_get()->avx2) return gemma ? kkv_op_geglu_avx2 : kkv_op_swiglu_avx2;
+#endif
+    return gemma ? kkv_op_geglu : kkv_op_swiglu;
 }
 
 void kkv_op_softmax(float *x, int n) {
