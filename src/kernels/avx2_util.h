@@ -7,6 +7,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "core/exp_poly_avx2.h"
+
 #define AI static inline __attribute__((always_inline))
 
 /* Lane mask of the first n (4 or 8) lanes, for a D that is a multiple of 4. */
@@ -27,31 +29,10 @@ AI float hmax(__m256 a) {
     return _mm_cvtss_f32(x);
 }
 
-/* The softmax's e^x for x <= 0, shared by the AVX2 and AVX-512 kernels so
- * their lanes agree bit for bit: clamped below at -87.3 (e^x is then still a
- * normal float), n = round(x log2 e), r = x - n ln 2 in two steps
- * (Cody-Waite, |r| <= ln2 / 2), e^r by its degree-6 Taylor polynomial
- * (truncation < 1.2e-7 relative), times 2^n. */
-#define KKV_EXP_LOG2E 1.44269504f
-#define KKV_EXP_LN2_HI 0.693359375f     /* ln 2 = HI + LO; n * HI is exact */
-#define KKV_EXP_LN2_LO -2.12194440e-4f
-#define KKV_EXP_MIN -87.3f
-/* e^r = sum r^k / k!, k = 6 down to 0, in Horner order: the one list both
- * widths step through. */
-static const float kkv_exp_taylor[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f,
-                                        0.5f,          1.0f,          1.0f};
-
-AI __m256 exp_neg(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(KKV_EXP_MIN));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(KKV_EXP_LOG2E)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KKV_EXP_LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KKV_EXP_LN2_LO), r);
-    __m256 y = _mm256_set1_ps(kkv_exp_taylor[0]);
-    for (int k = 1; k < 7; k++) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kkv_exp_taylor[k]));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e)); /* exact: y 2^n is a normal float */
-}
+/* The softmax's e^x for x <= 0: the project's exponential (core/exp_poly.h)
+ * on 8 lanes, which attn_avx512.c's 16-lane copy follows operation for
+ * operation, so the AVX2 and AVX-512 softmaxes agree bit for bit. */
+AI __m256 exp_neg(__m256 x) { return kkv_exp_poly8(x); }
 
 /* The end of one head's online-softmax step, shared by the AVX2 and AVX-512
  * softmaxes: the accumulator a [D] rescaled by e^(m_old - mx), the running

@@ -1,0 +1,46 @@
+/* The project's own e^x, one definition for every place that needs the same
+ * bits on every CPU: the attention softmax (kernels/avx2_util.h, 8 lanes;
+ * attn_avx512.c, 16 lanes) and the gated activations (model/act_exp.h,
+ * scalar; model/ops_avx2.c, 8 lanes).
+ *
+ * x is clamped below at -87.3 (e^x is then still a normal float),
+ * n = round(x log2 e), r = x - n ln 2 in two steps (Cody-Waite,
+ * |r| <= ln2 / 2), e^r by its degree-6 Taylor polynomial in Horner order
+ * (truncation < 1.2e-7 relative), times 2^n built from n's bits. Valid for
+ * x <= 88 (2^n stays below 2^128); callers clamp or handle larger x.
+ *
+ * kkv_exp_poly is the scalar form, operation for operation the 8-lane
+ * kkv_exp_poly8 of core/exp_poly_avx2.h: every multiply-add an explicit
+ * fmaf (the build compiles with -ffp-contract=off, so nothing else is
+ * fused). No intrinsics here: any file may include it. */
+#ifndef KKV_CORE_EXP_POLY_H
+#define KKV_CORE_EXP_POLY_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KKV_EXP_LOG2E 1.44269504f
+#define KKV_EXP_LN2_HI 0.693359375f     /* ln 2 = HI + LO; n * HI is exact */
+#define KKV_EXP_LN2_LO -2.12194440e-4f
+#define KKV_EXP_MIN -87.3f
+/* e^r = sum r^k / k!, k = 6 down to 0, in Horner order: the one list every
+ * width steps through. */
+static const float kkv_exp_taylor[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f,
+                                        0.5f,          1.0f,          1.0f};
+
+/* e^x for finite or -inf x <= 88 (not NaN: the caller handles it). */
+static inline float kkv_exp_poly(float x) {
+    x = x < KKV_EXP_MIN ? KKV_EXP_MIN : x;
+    float n = rintf(x * KKV_EXP_LOG2E); /* -126 .. 127 */
+    float r = fmaf(-n, KKV_EXP_LN2_HI, x);
+    r = fmaf(-n, KKV_EXP_LN2_LO, r);
+    float y = kkv_exp_taylor[0];
+    for (int k = 1; k < 7; k++) y = fmaf(y, r, kkv_exp_taylor[k]);
+    int32_t e = ((int32_t)n + 127) << 23;
+    float s;
+    memcpy(&s, &e, sizeof s);
+    return y * s; /* exact: y 2^n is a normal float */
+}
+
+#endif

@@ -1,0 +1,25 @@
+/* kkv_exp_poly (core/exp_poly.h) on 8 lanes, operation for operation, so
+ * every lane gets the scalar form's bits for x <= 88. Include only from
+ * files compiled with -mavx2 -mfma. A NaN lane comes out as e^-87.3 (the
+ * clamp's max returns its second operand): callers that can see NaN handle
+ * it themselves. */
+#ifndef KKV_CORE_EXP_POLY_AVX2_H
+#define KKV_CORE_EXP_POLY_AVX2_H
+
+#include <immintrin.h>
+
+#include "core/exp_poly.h"
+
+static inline __attribute__((always_inline)) __m256 kkv_exp_poly8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(KKV_EXP_MIN));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(KKV_EXP_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KKV_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KKV_EXP_LN2_LO), r);
+    __m256 y = _mm256_set1_ps(kkv_exp_taylor[0]);
+    for (int k = 1; k < 7; k++) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kkv_exp_taylor[k]));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e)); /* exact: y 2^n is a normal float */
+}
+
+#endif
