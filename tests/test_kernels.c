@@ -18,7 +18,9 @@
  *     |s_t - ref_t| <= sum_j d_g(j)/2 * |c_tj - maxq_j/2| + 1e-5 * M (the
  *     kernel centres the codes through a per-page constant); the wide key
  *     kernel of the VBMI table rounds f to 15 bits on one step per head,
- *     d = max_j |f_j| / 32639, and is held to the same sum with that d;
+ *     d = max_j |f_j| / 32639, and is held to the same sum with that d; the
+ *     AVX2 table's 16-bit key kernel likewise with d = max_j |f_j| / QMAX,
+ *     QMAX = min(32767, floor((2^31 - 1) / (64 (3D + 12 nb))));
  *   pv_page: the folded probabilities w_t = p_t * scale_t are rounded to
  *     uint8 with step e = max_t w_t / 255 per block of 128 tokens:
  *     |acc_j - ref_j| <= sum_blocks e/2 * sum_t |c_tj - maxq/2| + 1e-5 * M.
@@ -52,6 +54,8 @@
 
 static const int Ds[] = {4, 12, 64, 128, 256};
 static const int Gs[] = {4, 12, 128};
+/* the value kernels also over pages of several 128-token blocks and a tail */
+static const int Gs_pv[] = {4, 12, 128, 260};
 static const int REPS[] = {1, 2, 3, 4, 8};
 #define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -191,7 +195,8 @@ static double worst_int_ratio;
 
 /* Compares fn against the scalar qk_page on one page; is_int: allow the
  * integer-domain bound of the header comment (1: the int8 kernels' channel
- * groups; 2: the wide kernel's one step d = max |f| / 32639 per head). */
+ * groups; 2: the wide kernel's one step d = max |f| / 32639 per head; 3: the
+ * AVX2 16-bit kernel's d = max |f| / min(32767, (2^31 - 1) / (64 (3D + 12nb)))). */
 static int check_qk_page(qk_page_fn fn, int is_int, const float *q, int R, const uint8_t *page,
                          const float *kd, int D, int G, int nb, float *s0, float *s1, cmp_stats *st) {
     kkv_key_layout L = kkv_key_layout_of(D, G, nb);
@@ -218,6 +223,11 @@ static int check_qk_page(qk_page_fn fn, int is_int, const float *q, int R, const
         }
         if (is_int == 2) { /* the wide kernel: one step for all channels, 15 bits */
             dg[0] = fmx / 32639.0;
+            for (int j = 0; j < D; j++) grp[j] = 0;
+        }
+        if (is_int == 3) { /* the AVX2 16-bit kernel: one step, int32 sums kept exact */
+            double lim = floor(2147483647.0 / (64.0 * (3.0 * D + 12.0 * nb)));
+            dg[0] = fmx / fmin(32767.0, lim);
             for (int j = 0; j < D; j++) grp[j] = 0;
         }
         for (int t = 0; t < G; t++) {
@@ -276,10 +286,10 @@ static void test_qk_page(const char *name, qk_page_fn fn, int is_int, tu_rng *r,
 
 static void test_pv_page(const char *name, pv_page_fn fn, int is_int, tu_rng *r, cmp_stats *st) {
     for (int di = 0; di < NELEM(Ds); di++)
-        for (int gi = 0; gi < NELEM(Gs); gi++)
+        for (int gi = 0; gi < NELEM(Gs_pv); gi++)
             for (int bits = 2; bits <= 4; bits += 2)
                 for (int R = 1; R <= 8 && !tu_failed(); R++) {
-                    int D = Ds[di], G = Gs[gi];
+                    int D = Ds[di], G = Gs_pv[gi];
                     float *x = xmalloc((size_t)G * D * 4), *vd = xmalloc((size_t)G * D * 4);
                     float *p = xmalloc((size_t)R * G * 4), *a_in = xmalloc((size_t)R * D * 4);
                     float *a0 = xmalloc((size_t)R * D * 4), *a1 = xmalloc((size_t)R * D * 4);
@@ -1151,7 +1161,9 @@ int main(int argc, char **argv) {
         const char *nm = kkv_kernel_name(tables[i]->kind);
         int is_int = tables[i]->kind != KKV_KERNEL_SCALAR;
 #if defined(__x86_64__)
-        int qk_bound = tables[i]->qk_page == kkv_vbmi512_qk_wide ? 2 : is_int; /* its own step */
+        int qk_bound = tables[i]->qk_page == kkv_vbmi512_qk_wide ? 2
+                       : tables[i]->qk_page == kkv_avx2_qk_wide  ? 3
+                                                                 : is_int; /* its own step */
 #else
         int qk_bound = is_int;
 #endif
@@ -1172,6 +1184,7 @@ int main(int argc, char **argv) {
         printf("kernel avx2 float page fallback: worst error %.3g of magnitude (tolerance %g)\n", st.worst, TOL_PRIM);
         tu_rng rf = tu_rng_make(78);
         test_fallback_exact("avx2-int", kkv_avx2i_qk_page, kkv_avx2i_pv_page, &rf);
+        test_fallback_exact("avx2-wide", kkv_avx2_qk_wide, kkv_avx2i_pv_page, &rf);
     }
     if (cpu->avx2) {
         tu_rng r = tu_rng_make(93);

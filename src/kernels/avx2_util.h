@@ -15,6 +15,12 @@
 AI __m256i lanes(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
+/* The first n (4 or 8) floats at p, zero above: a plain load when n is 8
+ * (with the engines' constant shapes the compiler drops the branch; a
+ * vmaskmovps with an all-ones mask is still the slower instruction). */
+AI __m256 load_n(const float *p, int n) {
+    return n == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes(n));
+}
 /* Horizontal sum and maximum of 8 floats. */
 AI float hsum(__m256 a) {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));

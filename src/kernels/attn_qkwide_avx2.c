@@ -1,0 +1,278 @@
+/* Key page scores with a 16-bit query on AVX2 (vpmaddwd): the key kernel of
+ * the AVX2 table, for CPUs without VNNI (the Zen 3 this project targets).
+ *
+ * s_t = sum_j q_j k_tj with k_tj = c_tj * scale_j + mn_j, so
+ *   s_t = sum_j f_j c_tj + sum_j q_j mn_j,   f_j = q_j * scale_j.
+ * Per page and query head f is rounded to integers x_j on ONE step
+ *   d = max_j |f_j| / QMAX,  QMAX = kkv_avx2_qk_wide_qmax(D, nb) (32767 for
+ * every shape the engines use), and vpmaddwd multiplies channel pairs of
+ * codes (as int16) by (x_a, x_b) into exact int32 sums. The VBMI kernel's
+ * design (attn_qkwide_vbmi_avx512.c) on the instruction AVX2 has: no channel
+ * groups, pair lists or int16 overflow schedule, which were most of the int8
+ * kernel's time (attn_int_impl.h: ~1.3-2 us per page on a Zen 3, against ~0.5
+ * here).
+ *
+ * Phases without shifts. Byte i of a 2-bit row holds tokens 4i .. 4i + 3 at
+ * bits 2k. A code masked in place, c & (3 << 2k), is 4^k c, so the phase-k
+ * sums are 4^k times the true ones, exactly; the float step d 4^-k undoes it
+ * with the same bits (scaling by a power of two commutes with rounding). The
+ * high plane of a boosted channel (the code's bits 2-3) is shifted left by 2
+ * once per row instead. The bound keeping every int32 sum exact:
+ *   |sum| <= QMAX * 64 * (3 D + 12 nb) <= 2^31 - 1.
+ *
+ * Error (the tests' bound): codes are centred on maxq/2 through the per-head
+ * constant, so |s_t - exact| <= d/2 * sum_j |c_tj - maxq_j/2| (+ float
+ * rounding). A non-finite f falls back to the float kernel
+ * (kkv_avx2_qk_page). Pure function of its inputs: bit-identical for any
+ * thread count. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/attn_simd.h"
+#include "kernels/avx2_util.h"
+#include "quant/quant.h"
+
+#define RBW 3 /* query heads per pass: 4 phase accumulators each, 12 of the 16 ymm */
+/* int16 weights of one head: the D channels, then the nb high-plane ranks
+ * (the x of the channel each belongs to), an odd nb padded with a 0 */
+#define WX (2 * KKV_MAX_HEAD_DIM + 2)
+
+int kkv_avx2_qk_wide_qmax(int D, int nb) {
+    long long lim = 2147483647LL / (64LL * (3LL * D + 12LL * nb));
+    return lim < 32767 ? (int)lim : 32767;
+}
+
+/* rch[k] = the channel whose high plane is row k (-1: none claims it, its
+ * weight is 0 as in the scalar reference, which never reads such a row). */
+AI void rank_channels(int16_t *rch, const uint8_t *idx, int D, int nb) {
+    if (D <= 64 && nb <= 16) { /* one compare per rank over the index bytes, no branch on the data */
+        uint8_t ib[64];
+        memset(ib + 32, 0xFF, 32);
+        memcpy(ib, idx, (size_t)D);
+        if (D < 32) memset(ib + D, 0xFF, (size_t)(32 - D));
+        __m256i i0 = _mm256_loadu_si256((const __m256i *)(const void *)ib);
+        __m256i i1 = _mm256_loadu_si256((const __m256i *)(const void *)(ib + 32));
+        for (int k = 0; k < nb; k++) {
+            __m256i kv = _mm256_set1_epi8((char)k);
+            uint64_t m = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(i0, kv)) |
+                         (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(i1, kv)) << 32;
+            rch[k] = m ? (int16_t)__builtin_ctzll(m) : (int16_t)-1;
+        }
+        return;
+    }
+    int16_t tmp[KKV_MAX_HEAD_DIM + 1]; /* [nb + 1]: the last takes channels with no rank */
+    for (int k = 0; k < nb; k++) tmp[k] = -1;
+    for (int j = D - 1; j >= 0; j--) tmp[idx[j] < nb ? idx[j] : nb] = (int16_t)j; /* the lowest wins */
+    memcpy(rch, tmp, (size_t)nb * sizeof *rch);
+}
+
+/* Integer query of RB heads: x[r][j] = rint(f_j / d[r]) for the D channels,
+ * then x of the channel of each high rank at D + k. d[r]: the step; cst[r]:
+ * sum q mn plus the centring term. Returns 0 when some f is not finite. */
+AI int fold16(int16_t (*x)[WX], float *d, float *cst, const float *q, int RB, const float *scale,
+              const float *mn, const uint8_t *idx, const int16_t *rch, int D, int nb, float qmax) {
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 mx[RBW], bad = _mm256_setzero_ps();
+    for (int r = 0; r < RB; r++) mx[r] = _mm256_setzero_ps();
+    for (int j = 0; j < D; j += 8) {
+        int n = D - j < 8 ? 4 : 8;
+        __m256 sv = load_n(scale + j, n);
+        for (int r = 0; r < RB; r++) {
+            __m256 fv = _mm256_mul_ps(load_n(q + (size_t)r * D + j, n), sv);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(fv, fv), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+            mx[r] = _mm256_max_ps(mx[r], _mm256_and_ps(fv, absm));
+        }
+    }
+    if (_mm256_movemask_ps(bad)) return 0; /* inf or NaN */
+    __m256 vinv[RBW], vd[RBW], c[RBW], corr[RBW];
+    for (int r = 0; r < RB; r++) {
+        float M = hmax(mx[r]);
+        d[r] = M / qmax;
+        vinv[r] = _mm256_set1_ps(M > 0.0f ? qmax / M : 0.0f);
+        vd[r] = _mm256_set1_ps(d[r]);
+        c[r] = corr[r] = _mm256_setzero_ps();
+    }
+    for (int j = 0; j < D; j += 8) {
+        int n = D - j < 8 ? 4 : 8;
+        __m256i m = lanes(n);
+        __m256 sv = load_n(scale + j, n), nv = load_n(mn + j, n);
+        uint64_t ib = 0;
+        memcpy(&ib, idx + j, (size_t)n);
+        __m256i iv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)ib));
+        __m256 boosted = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nb), iv));
+        __m256 half = _mm256_and_ps(_mm256_blendv_ps(_mm256_set1_ps(1.5f), _mm256_set1_ps(7.5f), boosted),
+                                    _mm256_castsi256_ps(m));
+        for (int r = 0; r < RB; r++) {
+            __m256 qv = load_n(q + (size_t)r * D + j, n), fv = _mm256_mul_ps(qv, sv);
+            __m256i xi = _mm256_cvtps_epi32(_mm256_mul_ps(fv, vinv[r])); /* |x| <= QMAX */
+            c[r] = _mm256_fmadd_ps(qv, nv, c[r]);
+            corr[r] = _mm256_fmadd_ps(_mm256_fnmadd_ps(vd[r], _mm256_cvtepi32_ps(xi), fv), half, corr[r]);
+            /* packs works per 128-bit lane: x0..3 x0..3 | x4..7 x4..7 */
+            __m128i x16 = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packs_epi32(xi, xi), 0x08));
+            if (n == 8) _mm_storeu_si128((__m128i *)(void *)(x[r] + j), x16);
+            else _mm_storel_epi64((__m128i *)(void *)(x[r] + j), x16);
+        }
+    }
+    for (int r = 0; r < RB; r++) {
+        cst[r] = hsum(c[r]) + hsum(corr[r]);
+        for (int k = 0; k < nb; k++) x[r][D + k] = rch[k] < 0 ? 0 : x[r][rch[k]];
+        x[r][D + nb] = 0; /* the pad of an odd nb */
+    }
+    return 1;
+}
+
+/* Row bytes [c, c + nbytes) of a row, zero-extended to 32. */
+AI __m256i row32(const uint8_t *row, size_t c, int nbytes) {
+    if (nbytes == 32) return _mm256_loadu_si256((const __m256i *)(const void *)(row + c));
+    uint8_t tmp[32] = {0};
+    memcpy(tmp, row + c, (size_t)nbytes);
+    return _mm256_loadu_si256((const __m256i *)(const void *)tmp);
+}
+
+/* The int16 code words (a_i, b_i) of rows a, b for the 8 row bytes of
+ * quarter v of a 32-byte chunk: v 0: i 0..3 | 16..19, 1: 4..7 | 20..23,
+ * 2: 8..11 | 24..27, 3: 12..15 | 28..31 (low | high 128-bit lane). */
+AI __m256i pair_words(__m256i ra, __m256i rb, int v) {
+    __m256i u = v < 2 ? _mm256_unpacklo_epi8(ra, rb) : _mm256_unpackhi_epi8(ra, rb);
+    return v & 1 ? _mm256_unpackhi_epi8(u, _mm256_setzero_si256()) : _mm256_unpacklo_epi8(u, _mm256_setzero_si256());
+}
+
+/* Phases k0, k0 + 1 of pair words V (high: a high plane's, codes count 4x)
+ * into a00 .. a21 ([head][phase]); mk0, mk1: the phases' masks; wp: [RB]
+ * (ldw apart) the pair's weights (x_a, x_b) broadcast to every dword. The
+ * empty asm statements pin the weights and masks in registers: without them
+ * GCC folded each into every vpmaddwd / vpand as a memory operand, ten loads
+ * per pair where five are needed, and the loop ran at ~2 vector operations
+ * per cycle instead of ~3.5 (Zen 3: 1.0 -> 0.75 us per page). */
+#define PAIR_MADD(V, wp, high)                                                                     \
+    do {                                                                                           \
+        __m256i V_ = (high) ? _mm256_slli_epi16((V), 2) : (V);                                     \
+        __asm__("" : "+x"(mk0), "+x"(mk1));                                                        \
+        __m256i X0_ = _mm256_and_si256(V_, mk0), X1_ = _mm256_and_si256(V_, mk1);                  \
+        __m256i w0_ = _mm256_load_si256((wp));                                                     \
+        __asm__("" : "+x"(w0_));                                                                   \
+        a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(X0_, w0_));                                  \
+        a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(X1_, w0_));                                  \
+        if (RB > 1) {                                                                              \
+            __m256i w1_ = _mm256_load_si256((wp) + ldw);                                           \
+            __asm__("" : "+x"(w1_));                                                               \
+            a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(X0_, w1_));                              \
+            a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(X1_, w1_));                              \
+        }                                                                                          \
+        if (RB > 2) {                                                                              \
+            __m256i w2_ = _mm256_load_si256((wp) + 2 * ldw);                                       \
+            __asm__("" : "+x"(w2_));                                                               \
+            a20 = _mm256_add_epi32(a20, _mm256_madd_epi16(X0_, w2_));                              \
+            a21 = _mm256_add_epi32(a21, _mm256_madd_epi16(X1_, w2_));                              \
+        }                                                                                          \
+    } while (0)
+
+/* Scores of RB heads for quarter v of one chunk (row bytes c.., nbytes of
+ * them), phases k0 and k0 + 1, stored at s (row stride G; tokens past
+ * 4 nbytes not written). lo: [D][rowb] rows, hi: [nb][rowb]; wv: [RB][ldw]
+ * pair weights. Two phases per pass: all four would hold 12 accumulators
+ * for 3 heads, and with the codes, weights and masks that spilled (slower
+ * than decoding each row twice). */
+AI void wide_quarter(float *s, int G, const __m256i *wv, size_t ldw, const float *d, const float *cst,
+                     const uint8_t *lo, const uint8_t *hi, int D, int nb, size_t c, int nbytes, int v,
+                     int k0, int RB) {
+    size_t rowb = (size_t)G / 4;
+    __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
+    __m256i mk0 = _mm256_set1_epi16((short)(3 << 2 * k0)), mk1 = _mm256_set1_epi16((short)(3 << 2 * (k0 + 1)));
+    for (int p = 0; p < D / 2; p++) {
+        const uint8_t *ra = lo + (size_t)(2 * p) * rowb;
+        __m256i V = pair_words(row32(ra, c, nbytes), row32(ra + rowb, c, nbytes), v);
+        PAIR_MADD(V, wv + p, 0);
+    }
+    mk0 = _mm256_slli_epi16(mk0, 2), mk1 = _mm256_slli_epi16(mk1, 2); /* high planes: codes << 2 */
+    for (int k = 0; k < nb; k += 2) {
+        const uint8_t *ra = hi + (size_t)k * rowb;
+        __m256i rb = k + 1 < nb ? row32(ra + rowb, c, nbytes) : _mm256_setzero_si256(); /* an odd nb's pad */
+        __m256i V = pair_words(row32(ra, c, nbytes), rb, v);
+        PAIR_MADD(V, wv + D / 2 + k / 2, 1);
+    }
+    /* lane j of phase k0 + e: row byte i = 4v + j (j < 4) or 16 + 4v + j - 4,
+     * token 4i + k0 + e. d 4^-k is exact, so the phase's 4^k goes with the
+     * same bits. */
+    const __m256i acc[RBW][2] = {{a00, a01}, {a10, a11}, {a20, a21}};
+    int ntok = 4 * nbytes;
+    for (int r = 0; r < RB; r++) {
+        __m256 vc = _mm256_set1_ps(cst[r]);
+        __m256 f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][0]), _mm256_set1_ps(d[r] * (1.0f / (float)(1 << 2 * k0))), vc);
+        __m256 f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][1]), _mm256_set1_ps(d[r] * (1.0f / (float)(1 << 2 * (k0 + 1)))), vc);
+        /* (k0, k0 + 1) of row bytes 4v, 4v + 1 | 16 + ..., then 4v + 2, 4v + 3 */
+        __m256 pr[2] = {_mm256_unpacklo_ps(f0, f1), _mm256_unpackhi_ps(f0, f1)};
+        float *sr = s + (size_t)r * G + k0;
+        for (int h = 0; h < 2; h++)
+            for (int m = 0; m < 4; m++) {
+                int t = 4 * (16 * h + 4 * v + m);
+                if (t >= ntok) continue;
+                __m128 x = h ? _mm256_extractf128_ps(pr[m >> 1], 1) : _mm256_castps256_ps128(pr[m >> 1]);
+                if (m & 1) _mm_storeh_pi((__m64 *)(void *)(sr + t), x);
+                else _mm_storel_pi((__m64 *)(void *)(sr + t), x);
+            }
+    }
+}
+
+/* One 32-byte chunk: every quarter and phase pair, as constants. */
+AI void wide_chunk(float *s, int G, const __m256i *wv, size_t ldw, const float *d, const float *cst,
+                   const uint8_t *lo, const uint8_t *hi, int D, int nb, size_t c, int nbytes, int RB) {
+#define KKV_WQ(v)                                                                               \
+    if (4 * (v) < nbytes) { /* row bytes 4v.. (and 16 + 4v..): none past nbytes otherwise */    \
+        wide_quarter(s, G, wv, ldw, d, cst, lo, hi, D, nb, c, nbytes, v, 0, RB);                \
+        wide_quarter(s, G, wv, ldw, d, cst, lo, hi, D, nb, c, nbytes, v, 2, RB);                \
+    }
+    KKV_WQ(0) KKV_WQ(1) KKV_WQ(2) KKV_WQ(3)
+#undef KKV_WQ
+}
+
+AI void wide_rb(float *s, int G, const __m256i *wv, size_t ldw, const float *d, const float *cst,
+                const uint8_t *lo, const uint8_t *hi, int D, int nb, int RB) {
+    size_t rowb = (size_t)G / 4;
+    for (size_t c = 0; c < rowb; c += 32)
+        wide_chunk(s + 4 * c, G, wv, ldw, d, cst, lo, hi, D, nb, c, rowb - c < 32 ? (int)(rowb - c) : 32, RB);
+}
+
+/* Always inlined: the entry point calls it with the engines' shapes as constants. */
+AI void qk_wide16(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
+    f16_row(scale, page + L.scale, D);
+    f16_row(mn, page + L.mn, D);
+    const uint8_t *idx = page + L.idx;
+    int16_t rch[KKV_MAX_HEAD_DIM];
+    rank_channels(rch, idx, D, nb);
+    float qmax = (float)kkv_avx2_qk_wide_qmax(D, nb);
+    for (int r0 = 0; r0 < n_rep; r0 += RBW) {
+        int rb = n_rep - r0 < RBW ? n_rep - r0 : RBW;
+        float d[RBW], cst[RBW];
+        int16_t x[RBW][WX]; /* [head][D channels, then the high ranks] */
+        if (!fold16(x, d, cst, q + (size_t)r0 * D, rb, scale, mn, idx, rch, D, nb, qmax)) {
+            kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
+            return;
+        }
+        __m256i wv[RBW][WX / 2]; /* [head][pair] (x_a, x_b) in every dword */
+        int npairs = D / 2 + (nb + 1) / 2;
+        for (int r = 0; r < rb; r++)
+            for (int p = 0; p < npairs; p++) {
+                int32_t wp;
+                memcpy(&wp, x[r] + 2 * p, 4);
+                _mm256_store_si256(&wv[r][p], _mm256_set1_epi32(wp));
+            }
+        float *sr = s + (size_t)r0 * G;
+        const uint8_t *lo = page + L.lo, *hi = page + L.hi;
+        const size_t ldw = WX / 2;
+        if (rb == 3) wide_rb(sr, G, wv[0], ldw, d, cst, lo, hi, D, nb, 3);
+        else if (rb == 2) wide_rb(sr, G, wv[0], ldw, d, cst, lo, hi, D, nb, 2);
+        else wide_rb(sr, G, wv[0], ldw, d, cst, lo, hi, D, nb, 1);
+    }
+}
+
+void kkv_avx2_qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    /* The engines' shapes (SmolLM2: D 64, 3 query heads per KV head; Gemma 3:
+     * D 256 with 4; 128-token pages) get copies with constant sizes. */
+    if (G == 128 && D == 64 && n_rep == 3) qk_wide16(s, q, 3, page, 64, 128, nb);
+    else if (G == 128 && D == 256 && n_rep == 4) qk_wide16(s, q, 4, page, 256, 128, nb);
+    else qk_wide16(s, q, n_rep, page, D, G, nb);
+}
