@@ -9,8 +9,8 @@
  * codes (as int16) by (x_a, x_b) into exact int32 sums. The VBMI kernel's
  * design (attn_qkwide_vbmi_avx512.c) on the instruction AVX2 has: no channel
  * groups, pair lists or int16 overflow schedule, which were most of the int8
- * kernel's time (attn_int_impl.h: ~1.3-2 us per page on a Zen 3, against ~0.5
- * here).
+ * kernel's time (attn_int_impl.h: ~1.15-1.2 us per page hot on a Zen 3,
+ * against ~0.6 here; docs/RESULTS.md, "Back on a Zen 3").
  *
  * Phases without shifts. Byte i of a 2-bit row holds tokens 4i .. 4i + 3 at
  * bits 2k. A code masked in place, c & (3 << 2k), is 4^k c, so the phase-k
@@ -40,7 +40,7 @@ AI int32_t ld32(const int32_t *p) {
     return v;
 }
 
-#define RBW 3 /* query heads per pass: 4 phase accumulators each, 12 of the 16 ymm */
+#define RBW 3 /* query heads per pass (two phases each: 6 accumulators of the 16 ymm) */
 /* int16 weights of one head: the D channels, then the nb high-plane ranks
  * (the x of the channel each belongs to), an odd nb padded with a 0 */
 #define WX (2 * KKV_MAX_HEAD_DIM + 2)
