@@ -481,7 +481,8 @@ static inline void group_steps(float *d, float *ginv, const float *gm) {
 /* fold_query for RB heads in one pass over the channels (the page's scale,
  * zero points, groups loaded once): per head the same lane operations in the
  * same order, so the same bits. qi: [RB][KKV_MAX_HEAD_DIM + 8]; d:
- * [RB][KGROUPS]; cst: [RB]. Returns 0 when some f_j of some head is not finite. */
+ * [RB][KGROUPS]; cst: [RB]. Returns 0 when some f_j of some head is not
+ * finite, or a group's largest |f_j| is below 1e-30 but not 0. */
 static int fold_queries(int32_t (*qi)[KKV_MAX_HEAD_DIM + 8], float *d, float *cst, const float *q,
                         int RB, const float *scale, const float *mn, const float *mq,
                         const int32_t *cg32, int gmask, int D) {
@@ -519,8 +520,11 @@ static int fold_queries(int32_t (*qi)[KKV_MAX_HEAD_DIM + 8], float *d, float *cs
     __m256 tinv[RBI], td[RBI];
     for (int r = 0; r < RB; r++) {
         float gm[KGROUPS] = {0}, ginv[KGROUPS], *dr = d + r * KGROUPS;
-        for (int g = 0; g < KGROUPS; g++)
+        for (int g = 0; g < KGROUPS; g++) {
             if (gmask >> g & 1) gm[g] = hmax(mx[r][g]);
+            /* 127 / gm infinite or the step subnormal: the float kernel (as the wide kernels) */
+            if (gm[g] > 0.0f && gm[g] < 1e-30f) return 0;
+        }
         group_steps(dr, ginv, gm);
         tinv[r] = _mm256_setr_ps(ginv[0], ginv[1], ginv[2], 0, 0, 0, 0, 0);
         td[r] = _mm256_setr_ps(dr[0], dr[1], dr[2], 0, 0, 0, 0, 0);
