@@ -554,10 +554,8 @@ static int fold_queries(int32_t (*qi)[KKV_MAX_HEAD_DIM + 8], float *d, float *cs
  * codes mq and groups cg32 (from the page, or from its plan). */
 static void qk_scores(float *s, const float *q, int n_rep, const uint8_t *page, const kpairs *P,
                       const float *mq, const int32_t *cg32, int D, int G, int nb) {
-    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
     float scale[KKV_MAX_HEAD_DIM + 8], mn[KKV_MAX_HEAD_DIM + 8]; /* [D] */
-    f16_row(scale, page + L.scale, D);
-    f16_row(mn, page + L.mn, D);
+    key_page_f32(scale, mn, page, D, G, nb);
     for (int r0 = 0; r0 < n_rep; r0 += RBI) {
         int rb = n_rep - r0 < RBI ? n_rep - r0 : RBI;
         int16_t w[RBI][KPAIRS]; /* [RB][pair] (qi_a, qi_b) bytes */

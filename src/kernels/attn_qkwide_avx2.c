@@ -248,10 +248,8 @@ AI void wide_rb(float *s, int G, const int32_t *wv, size_t ldw, const float *d, 
 
 /* Always inlined: the entry point calls it with the engines' shapes as constants. */
 AI void qk_wide16(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
-    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
     float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
-    f16_row(scale, page + L.scale, D);
-    f16_row(mn, page + L.mn, D);
+    kkv_key_layout L = key_page_f32(scale, mn, page, D, G, nb);
     const uint8_t *idx = page + L.idx;
     int16_t rch[KKV_MAX_HEAD_DIM];
     rank_channels(rch, idx, D, nb);

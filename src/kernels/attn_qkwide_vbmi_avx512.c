@@ -249,10 +249,8 @@ AI void quads_rb(float *s, int G, const __m512i (*T)[2], int nq, int nh, const i
 
 /* Always inlined: the entry point calls it with the engines' shapes as constants. */
 AI void qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
-    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
     float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
-    f16_row(scale, page + L.scale, D);
-    f16_row(mn, page + L.mn, D);
+    kkv_key_layout L = key_page_f32(scale, mn, page, D, G, nb);
     const uint8_t *idx = page + L.idx;
     size_t rowb = (size_t)G / 4;
     int nq = D / 4, nh = (nb + 3) / 4;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "core/exp_poly_avx2.h"
+#include "quant/quant.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -83,6 +84,15 @@ AI void f16_row(float *dst, const uint8_t *src, int n) {
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i))));
     for (; i < n; i += 4)
         _mm_storeu_ps(dst + i, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)(src + 2 * i))));
+}
+
+/* A key page's layout, and its per-channel steps and minimums as floats
+ * (scale, mn: [D] each), which every key kernel starts from. */
+AI kkv_key_layout key_page_f32(float *scale, float *mn, const uint8_t *page, int D, int G, int nb) {
+    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+    f16_row(scale, page + L.scale, D);
+    f16_row(mn, page + L.mn, D);
+    return L;
 }
 
 #endif
