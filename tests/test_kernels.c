@@ -922,13 +922,14 @@ static int bench_pages(int nb) {
 
 #if defined(__x86_64__)
 /* test_kernels --bench-f16: CPU ns per token of the fp16 kernels (D 64, 3
- * query heads), AVX2 vs AVX-512, hot in L1/L2, for block lengths from a short
- * window to a whole fp16 page run. Ratios within one run; not a test. */
+ * query heads), q.k and p.v apart, AVX2 and (where present) AVX-512, hot in
+ * L1/L2, for block lengths from a short window to a whole fp16 page run.
+ * Ratios within one run; not a test. */
 static int bench_f16(void) {
     enum { D = 64, R = 3, NMAX = 1024 };
     const kkv_ops *o = kkv_ops_get(KKV_KERNEL_AVX512);
-    if (!o) {
-        printf("no AVX-512 on this CPU\n");
+    if (!kkv_ops_get(KKV_KERNEL_AVX2)) {
+        printf("no AVX2 on this CPU\n");
         return 0;
     }
     static uint16_t kv[NMAX * D];
@@ -937,22 +938,25 @@ static int bench_f16(void) {
     rand_f16(&r, kv, NMAX * D, D, 1.0f);
     rand_f32(&r, q, R * D);
     for (int i = 0; i < R * NMAX; i++) s[i] = 0.001f * (float)(i % 13);
+    printf("fp16 kernels, D %d, %d heads: cpu ns per token\n%6s %9s %9s %9s %9s %9s %9s\n", D, R, "n",
+           "avx2 qk", "avx2 pv", "avx2", "512 qk", "512 pv", "512");
     static const int ns[] = {5, 16, 64, 128, 1024};
-    printf("fp16 kernels, D %d, %d heads: cpu ns per token (qk + pv)\n%6s %10s %10s %8s\n", D, R, "n", "avx2",
-           "avx512", "ratio");
     for (int round = 0; round < 2; round++)
         for (int i = 0; i < NELEM(ns); i++) {
             int n = ns[i], iters = 4000000 / n;
-            double t[2];
-            for (int k = 0; k < 2; k++) {
+            double t[4] = {0, 0, 0, 0};
+            for (int k = 0; k < (o ? 4 : 2); k++) {
                 clock_t c0 = clock();
                 for (int it = 0; it < iters; it++) {
-                    if (k == 0) kkv_avx2_qk_f16(s, q, R, kv, n, D, NULL), kkv_avx2_pv_f16(acc, s, R, kv, n, D, NULL);
-                    else o->qk_f16(s, q, R, kv, n, D, NULL), o->pv_f16(acc, s, R, kv, n, D, NULL);
+                    if (k == 0) kkv_avx2_qk_f16(s, q, R, kv, n, D, NULL);
+                    else if (k == 1) kkv_avx2_pv_f16(acc, s, R, kv, n, D, NULL);
+                    else if (k == 2) o->qk_f16(s, q, R, kv, n, D, NULL);
+                    else o->pv_f16(acc, s, R, kv, n, D, NULL);
                 }
                 t[k] = 1e9 * (double)(clock() - c0) / CLOCKS_PER_SEC / iters / n;
             }
-            printf("%6d %10.2f %10.2f %7.2fx\n", n, t[0], t[1], t[0] / t[1]);
+            if (o) printf("%6d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", n, t[0], t[1], t[0] + t[1], t[2], t[3], t[2] + t[3]);
+            else printf("%6d %9.2f %9.2f %9.2f %9s %9s %9s\n", n, t[0], t[1], t[0] + t[1], "-", "-", "-");
         }
     return 0;
 }
