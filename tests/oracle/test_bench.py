@@ -132,6 +132,34 @@ def test_attention(t, exe, env, kernel):
                 name + ": speedup = fp16 time / kitty time")
 
 
+def test_scaling(t, exe, env):
+    """--scaling: each method also on a one-thread cache, in the same rounds."""
+    name = "attention --scaling"
+    obj = bench_ok(t, exe, env, name,
+                   ["attention", "--ctx", "300", "--methods", "fp16,kitty", "--reps", "2",
+                    "--bw-mb", "16", "-t", "2", "--scaling", "--json"])
+    if obj is None or not has_keys(t, name, obj, ["rows", "scaling", "threads"]):
+        return
+    sc = obj["scaling"]
+    t.check(obj["threads"] == 2 and len(sc) == 2 and len(obj["rows"]) == 2,
+            name + ": one scaling row per (ctx, method), beside the 2-thread rows")
+    rows = {(r["method"], r["ctx"]): r for r in obj["rows"]}
+    for s in sc:
+        if not has_keys(t, name + " row", s, ["method", "ctx", "us_one_thread", "us_threads",
+                                               "speedup"]):
+            return
+        r = rows.get((s["method"], s["ctx"]))
+        t.check(r is not None and abs(r["us_per_token"] - s["us_threads"]) <= 1e-6 * s["us_threads"],
+                "%s %s: us_threads is the table's 2-thread median" % (name, s["method"]))
+        want = s["us_one_thread"] / s["us_threads"]
+        t.check(s["us_one_thread"] > 0 and abs(s["speedup"] - want) <= 1e-3 * want,
+                "%s %s: speedup = one-thread time / 2-thread time" % (name, s["method"]))
+    p = run(exe, ["attention", "--ctx", "300", "--methods", "kitty", "--reps", "1",
+                  "--bw-mb", "16", "-t", "1", "--scaling", "--json"], env)
+    t.check(p[0] == 0 and "needs -t above 1" in p[2] and '"scaling"' not in p[1],
+            name + " with -t 1: a warning, no scaling rows")
+
+
 def test_decode(t, exe, env):
     obj = bench_ok(t, exe, env, "decode",
                    ["decode", "--depth", "0,300", "-n", "2", "--methods", "fp16,kitty",
@@ -221,6 +249,7 @@ def main():
     test_usage(t, a.kittykv, env)
     test_attention(t, a.kittykv, env, "auto")
     test_attention(t, a.kittykv, env, "scalar")
+    test_scaling(t, a.kittykv, env)
     if have_model:
         test_decode(t, a.kittykv, env)
         test_flush(t, a.kittykv, env)

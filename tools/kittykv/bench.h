@@ -37,6 +37,7 @@ enum {
     BO_CTX1     = 1 << 13, /* --ctx N (one value)               */
     BO_PREFIX   = 1 << 14, /* --shared-prefix N                 */
     BO_BATCH    = 1 << 15, /* --batch LIST                      */
+    BO_SCALING  = 1 << 16, /* --scaling                         */
 };
 
 /* Largest --batch value (sequences decoded together in one step). */
@@ -65,6 +66,7 @@ typedef struct bench_opts {
     int         shared_prefix; /* serve: tokens every sequence shares (0: none) */
     int         batch[BENCH_MAX_LIST]; /* decode: batch sizes, ascending (default {1}) */
     int         n_batch;
+    int         scaling;    /* attention: also time one thread, interleaved */
 } bench_opts;
 
 /* Parses argv[1..] into o (defaults already set by the caller; o->cmd set).

@@ -24,7 +24,10 @@ static void usage(FILE *f) {
             "read from -m MODEL when present, else 30 layers, 9 query / 3 KV heads, D 64)\n"
             "over a cache filled with synthetic keys/values to each context.\n"
             "Defaults: --ctx 1024,4096,16384,32768  --methods fp16,kivi-k2v2,kitty,kitty-pro\n"
-            "          -t all cores (attention and read test)  --kernel auto  --reps 9  --bw-mb 256\n");
+            "          -t all cores (attention and read test)  --kernel auto  --reps 9  --bw-mb 256\n"
+            "With --scaling (and -t above 1) every method also runs on a one-thread cache\n"
+            "filled the same way, timed in the same interleaved rounds: the speed-up of\n"
+            "-t threads over one is a ratio of medians measured side by side.\n");
 }
 
 /* One token's attention over every layer. q: [L][n_q][D], out: [n_q][D]. */
@@ -43,18 +46,22 @@ typedef struct row {
     double med_s, q1_s, q3_s, min_s, cpu_s, bytes, bits;
 } row;
 
+/* Caches are [n_sets][n_methods]: set 0 runs on -t threads, set 1 (with
+ * --scaling) on one thread. */
+#define MAX_SETS 2
+
 typedef struct state {
-    kkv_cache *caches[BENCH_MAX_METHODS];
-    int        seqs[BENCH_MAX_METHODS];
+    kkv_cache *caches[MAX_SETS * BENCH_MAX_METHODS];
+    int        seqs[MAX_SETS * BENCH_MAX_METHODS];
     float     *q, *out;
-    double    *times; /* [n_methods][MAX_REPS] wall seconds */
-    double    *cpu;   /* [n_methods][MAX_REPS] CPU seconds, all threads */
-    row       *rows;  /* [n_list][n_methods] */
+    double    *times; /* [n_sets * n_methods][MAX_REPS] wall seconds */
+    double    *cpu;   /* [n_sets * n_methods][MAX_REPS] CPU seconds, all threads */
+    row       *rows;  /* [n_list][n_sets * n_methods] */
     bench_synth g;
 } state;
 
-static void state_free(state *st, int n_methods) {
-    for (int i = 0; i < n_methods; i++) kkv_cache_free(st->caches[i]);
+static void state_free(state *st, int n_caches) {
+    for (int i = 0; i < n_caches; i++) kkv_cache_free(st->caches[i]);
     free(st->q);
     free(st->out);
     free(st->times);
@@ -65,9 +72,10 @@ static void state_free(state *st, int n_methods) {
 
 #define MAX_REPS 400
 
-/* Times every method at the caches' current context; fills rows[0..n_methods). */
-static int measure(const bench_opts *o, state *st, const bench_shape *sh, row *rows, int ctx) {
-    int M = o->n_methods;
+/* Times every cache (M of them: n_sets * n_methods) at their current
+ * context; fills rows[0..M). */
+static int measure(const bench_opts *o, state *st, const bench_shape *sh, row *rows, int ctx,
+                   int M) {
     double est = 0.0;
     for (int i = 0; i < M; i++) { /* warm-up, and a cost estimate */
         double t0 = cli_now();
@@ -95,12 +103,51 @@ static int measure(const bench_opts *o, state *st, const bench_shape *sh, row *r
         kkv_mem mem;
         if (kkv_seq_mem(st->caches[i], &mem, st->seqs[i]) != KKV_OK)
             return bench_fail(o, "memory");
-        rows[i] = (row){i, ctx, reps, bench_median(t, reps), bench_quantile(t, reps, 0.25),
+        rows[i] = (row){i % o->n_methods, ctx, reps, bench_median(t, reps), bench_quantile(t, reps, 0.25),
                         bench_quantile(t, reps, 0.75), bench_quantile(t, reps, 0.0),
                         bench_median(st->cpu + (size_t)i * MAX_REPS, reps), (double)mem.total,
                         mem.bits_per_element};
     }
     return 0;
+}
+
+/* The --scaling table: each method's median on -t threads against its
+ * one-thread twin, timed in the same interleaved rounds. */
+static void print_scaling(const bench_opts *o, const state *st, int K) {
+    int M = o->n_methods;
+    printf("\nthread scaling, same run (medians of the interleaved rounds):\n");
+    printf("%-11s %7s %12s %12s %9s %11s\n", "method", "ctx", "us 1 thread", "us threads", "speed-up",
+           "per thread");
+    for (int c = 0; c < o->n_list; c++)
+        for (int i = 0; i < M; i++) {
+            const row *a = &st->rows[(size_t)c * K + M + i], *b = &st->rows[(size_t)c * K + i];
+            double sp = a->med_s / b->med_s;
+            printf("%-11s %7d %12.1f %12.1f %8.2fx %10.0f%%\n", o->method_names[i], b->ctx, a->med_s * 1e6,
+                   b->med_s * 1e6, sp, 100.0 * sp / o->threads);
+        }
+    printf("(us threads: on %d threads; speed-up = us 1 thread / us threads; per thread = speed-up / %d)\n",
+           o->threads, o->threads);
+}
+
+static void json_scaling(const bench_opts *o, const state *st, int K) {
+    int M = o->n_methods;
+    printf(",\"scaling\":[");
+    for (int c = 0; c < o->n_list; c++)
+        for (int i = 0; i < M; i++) {
+            const row *a = &st->rows[(size_t)c * K + M + i], *b = &st->rows[(size_t)c * K + i];
+            printf("%s{\"method\":", c || i ? "," : "");
+            cli_json_str(stdout, o->method_names[i]);
+            printf(",\"ctx\":%d,\"us_one_thread\":", b->ctx);
+            bench_json_num(stdout, a->med_s * 1e6);
+            printf(",\"us_threads\":");
+            bench_json_num(stdout, b->med_s * 1e6);
+            printf(",\"cpu_us_one_thread\":");
+            bench_json_num(stdout, a->cpu_s * 1e6);
+            printf(",\"speedup\":");
+            bench_json_num(stdout, a->med_s / b->med_s);
+            printf("}");
+        }
+    printf("]");
 }
 
 int bench_attention(int argc, char **argv) {
@@ -117,7 +164,7 @@ int bench_attention(int argc, char **argv) {
     if (bench_set_methods(&o, "fp16,kivi-k2v2,kitty,kitty-pro")) return 2;
     int rc = bench_parse(&o, argc, argv,
                          BO_MODEL | BO_CTX | BO_METHODS | BO_THREADS | BO_KERNEL | BO_REPS |
-                             BO_BW,
+                             BO_BW | BO_SCALING,
                          usage);
     if (rc) return rc < 0 ? 0 : rc;
     for (int i = 0; i < o.n_list; i++)
@@ -143,17 +190,19 @@ int bench_attention(int argc, char **argv) {
     }
 
     int M = o.n_methods;
+    int S = o.scaling && o.threads > 1 ? 2 : 1, K = S * M; /* cache sets; caches */
+    if (o.scaling && o.threads == 1) fprintf(stderr, "kittykv " CMD ": --scaling needs -t above 1; ignored\n");
     state st;
     memset(&st, 0, sizeof st);
     size_t qn = (size_t)sh.n_layers * sh.n_heads * sh.head_dim;
     st.q = malloc(qn * sizeof *st.q);
     st.out = malloc((size_t)sh.n_heads * sh.head_dim * sizeof *st.out);
-    st.times = malloc((size_t)M * MAX_REPS * sizeof *st.times);
-    st.cpu = malloc((size_t)M * MAX_REPS * sizeof *st.cpu);
-    st.rows = malloc((size_t)o.n_list * M * sizeof *st.rows);
+    st.times = malloc((size_t)K * MAX_REPS * sizeof *st.times);
+    st.cpu = malloc((size_t)K * MAX_REPS * sizeof *st.cpu);
+    st.rows = malloc((size_t)o.n_list * K * sizeof *st.rows);
     if (!st.q || !st.out || !st.times || !st.cpu || !st.rows ||
         bench_synth_init(&st.g, sh.n_layers, sh.n_kv_heads, sh.head_dim, 42)) {
-        state_free(&st, M);
+        state_free(&st, K);
         fprintf(stderr, "kittykv " CMD ": out of memory\n");
         return 1;
     }
@@ -162,28 +211,29 @@ int bench_attention(int argc, char **argv) {
 
     rc = 0;
     kkv_kernel used = KKV_KERNEL_AUTO;
-    for (int i = 0; i < M && !rc; i++) {
+    for (int i = 0; i < K && !rc; i++) {
         kkv_cache_config cfg = {.n_layers = sh.n_layers, .n_kv_heads = sh.n_kv_heads,
                                 .head_dim = sh.head_dim,
                                 .pool_bytes = bench_pool_for(&sh, o.list[o.n_list - 1], 1),
-                                .max_seqs = 1, .n_threads = o.threads, .method = o.methods[i]};
+                                .max_seqs = 1, .n_threads = i < M ? o.threads : 1,
+                                .method = o.methods[i % M]};
         if (kkv_cache_create(&st.caches[i], &cfg) != KKV_OK ||
             kkv_cache_set_kernel(st.caches[i], o.kernel) != KKV_OK ||
             kkv_seq_add(st.caches[i], &st.seqs[i]) != KKV_OK)
-            rc = bench_fail(&o, o.method_names[i]);
+            rc = bench_fail(&o, o.method_names[i % M]);
         else used = kkv_cache_get_kernel(st.caches[i]);
     }
     for (int c = 0; c < o.n_list && !rc; c++) {
         char label[48];
         snprintf(label, sizeof label, "fill %d", o.list[c]);
-        if (bench_fill(st.caches, st.seqs, M, o.list[c], &st.g, label) != KKV_OK) {
+        if (bench_fill(st.caches, st.seqs, K, o.list[c], &st.g, label) != KKV_OK) {
             rc = bench_fail(&o, "filling the caches");
             break;
         }
-        rc = measure(&o, &st, &sh, st.rows + (size_t)c * M, o.list[c]);
+        rc = measure(&o, &st, &sh, st.rows + (size_t)c * K, o.list[c], K);
     }
     if (rc) {
-        state_free(&st, M);
+        state_free(&st, K);
         return rc;
     }
     /* A second read test after the timings: the best of both is the roofline. */
@@ -205,20 +255,21 @@ int bench_attention(int argc, char **argv) {
            "cpu vs");
     for (int c = 0; c < o.n_list; c++)
         for (int i = 0; i < M; i++) {
-            const row *r = &st.rows[(size_t)c * M + i];
+            const row *r = &st.rows[(size_t)c * K + i];
             double gbs = r->bytes / r->med_s * 1e-9;
-            double sp = fp16 >= 0 ? st.rows[(size_t)c * M + fp16].med_s / r->med_s : 0.0;
+            double sp = fp16 >= 0 ? st.rows[(size_t)c * K + fp16].med_s / r->med_s : 0.0;
             printf("%-11s %7d %11.1f %10.1f %10.1f %11.3f %8.3f %8.2f %8.1f%% ", o.method_names[i],
                    r->ctx, r->med_s * 1e6, r->min_s * 1e6, r->cpu_s * 1e6, r->bytes / 1e6,
                    r->bits, gbs, 100.0 * gbs / bw);
             if (fp16 >= 0)
-                printf("%7.2fx %7.2fx\n", sp, st.rows[(size_t)c * M + fp16].cpu_s / r->cpu_s);
+                printf("%7.2fx %7.2fx\n", sp, st.rows[(size_t)c * K + fp16].cpu_s / r->cpu_s);
             else printf("%8s %8s\n", "-", "-");
         }
     printf("(us/token: median of >= %d interleaved repetitions, GB/s and ratios from it; "
            "us best: the fastest one; cpu us: median CPU time of all threads; bytes/token = stored bytes = bytes "
            "read; roofline = GB/s / read bandwidth; a cache that fits the last-level cache "
            "can exceed 100%%)\n", o.reps);
+    if (S > 1) print_scaling(&o, &st, K);
     if (o.json) {
         printf("{\"bench\":\"attention\",\"kernel\":");
         cli_json_str(stdout, kkv_kernel_name(used));
@@ -230,7 +281,7 @@ int bench_attention(int argc, char **argv) {
         printf(",\"rows\":[");
         for (int c = 0; c < o.n_list; c++)
             for (int i = 0; i < M; i++) {
-                const row *r = &st.rows[(size_t)c * M + i];
+                const row *r = &st.rows[(size_t)c * K + i];
                 double gbs = r->bytes / r->med_s * 1e-9;
                 printf("%s{\"method\":", c || i ? "," : "");
                 cli_json_str(stdout, o.method_names[i]);
@@ -252,15 +303,17 @@ int bench_attention(int argc, char **argv) {
                 printf(",\"roofline_pct\":");
                 bench_json_num(stdout, 100.0 * gbs / bw);
                 printf(",\"speedup_vs_fp16\":");
-                if (fp16 >= 0) bench_json_num(stdout, st.rows[(size_t)c * M + fp16].med_s / r->med_s);
+                if (fp16 >= 0) bench_json_num(stdout, st.rows[(size_t)c * K + fp16].med_s / r->med_s);
                 else printf("null");
                 printf(",\"cpu_speedup_vs_fp16\":");
-                if (fp16 >= 0) bench_json_num(stdout, st.rows[(size_t)c * M + fp16].cpu_s / r->cpu_s);
+                if (fp16 >= 0) bench_json_num(stdout, st.rows[(size_t)c * K + fp16].cpu_s / r->cpu_s);
                 else printf("null");
                 printf("}");
             }
-        printf("]}\n");
+        printf("]");
+        if (S > 1) json_scaling(&o, &st, K);
+        printf("}\n");
     }
-    state_free(&st, M);
+    state_free(&st, K);
     return 0;
 }

@@ -127,6 +127,9 @@ int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
         {BO_BATCH, {0, "batch", OPT_LIST, 0, 0, &batch_list, NULL, "LIST",
                     "sequences decoded together per step (kkv_model_decode_batch),\n"
                     "comma-separated, 1..256 (default 1: kkv_model_forward)"}},
+        {BO_SCALING, {0, "scaling", OPT_FLAG, 0, 0, &o->scaling, NULL, NULL,
+                       "also time every method on one thread, interleaved with the\n"
+                       "-t runs, and print the speed-up of -t threads over one"}},
         {~0u, {0, "json", OPT_FLAG, 0, 0, &o->json, NULL, NULL,
                "also print one JSON object on the last line"}},
     };
