@@ -72,8 +72,8 @@ AI void qk_f16_tile(float *s, size_t ld, const float *qp, int Dp, const uint16_t
     /* One key vector live at a time: RB*TB accumulators + RB queries + 1 key
      * = 16 registers at RB 3, TB 4. With all TB keys live (17) one
      * accumulator went to the stack, and its store-to-load round trip per
-     * step doubled the kernel's time (Zen 3: 8.2 -> 5.5 ns per token with
-     * three heads, test_kernels --bench-f16). Same operations, same order. */
+     * step set the loop's pace (Zen 3: 7.5 -> 5.5 ns per token with three
+     * heads, test_kernels --bench-f16). Same operations, same order. */
     for (int j = 0; j < D; j += 8) {
         __m256 qv[RB_MAX];
         for (int r = 0; r < RB; r++) qv[r] = _mm256_loadu_ps(qp + (size_t)r * Dp + j);
@@ -131,7 +131,7 @@ AI void pv_f16_tile(float *ap, int ldA, const float *p, size_t ldp, const uint16
         pf_rows(pf, t, t + 1, D);
         const uint16_t *row = v + (size_t)t * D + j;
         /* one value vector live at a time (see qk_f16_tile: 16 registers, no
-         * spilled accumulator; Zen 3: 9.6 -> ~4.5 ns per token, three heads) */
+         * spilled accumulator; Zen 3: 9.2 -> 4.4 ns per token, three heads) */
         __m256 b[RB_MAX];
         for (int r = 0; r < RB; r++) b[r] = _mm256_broadcast_ss(p + (size_t)r * ldp + t);
         for (int i = 0; i < NV; i++) {
