@@ -175,6 +175,23 @@ def test_decode(t, exe, env):
                     "decode %s@%d: tok/s = 1000 / ms" % (r["method"], r["depth"]))
     t.check(sorted({r["depth"] for r in rows}) == [0, 300], "decode: the depths asked for")
 
+    name = "decode --scaling"
+    obj = bench_ok(t, exe, env, name,
+                   ["decode", "--depth", "0", "-n", "2", "--methods", "kitty", "-t", "2",
+                    "--scaling", "--json"])
+    if obj is None or not has_keys(t, name, obj, ["rows", "scaling"]):
+        return
+    sc, rows = obj["scaling"], obj["rows"]
+    t.check(len(sc) == 1 and len(rows) == 1, name + ": one scaling row per (depth, method)")
+    if sc and rows and has_keys(t, name + " row", sc[0], ["ms_one_thread", "ms_threads",
+                                                           "speedup"]):
+        s0 = sc[0]
+        t.check(abs(s0["ms_threads"] - rows[0]["ms_per_step"]) <= 1e-6 * s0["ms_threads"],
+                name + ": ms_threads is the table's 2-thread median")
+        want = s0["ms_one_thread"] / s0["ms_threads"]
+        t.check(s0["ms_one_thread"] > 0 and abs(s0["speedup"] - want) <= 1e-3 * want,
+                name + ": speedup = one-thread time / 2-thread time")
+
 
 def test_flush(t, exe, env):
     n = 300

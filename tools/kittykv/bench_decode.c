@@ -29,6 +29,11 @@ static void usage(FILE *f) {
             "Defaults: --depth 0,4096,16384,32768  --methods fp16,kivi-k2v2,kitty,kitty-pro\n"
             "          -n 32 timed decode steps per method and depth  -t all cores  --kernel auto\n"
             "          --batch 1\n"
+            "With --scaling (and -t above 1) every step also runs once on one thread (model\n"
+            "and cache switched to a one-thread pool for it), interleaved with the -t steps:\n"
+            "the speed-up of -t threads over one is a ratio of medians measured side by side\n"
+            "(each -t step starts by waking workers that slept through the one-thread step:\n"
+            "~3%% against -t at depth 0 on a Zen 3).\n"
             "Default model: %s\n",
             cli_default_model());
 }
@@ -36,7 +41,56 @@ static void usage(FILE *f) {
 typedef struct row {
     int    depth, batch;
     double med_s, q1_s, q3_s, min_s, cpu_s, bits;
+    double med1_s; /* --scaling: the median step on one thread */
 } row;
+
+/* One decode step of method cache c: B == 1 is kkv_model_forward. */
+static kkv_status step(kkv_model *model, kkv_cache *c, float *logits, const int *seqs,
+                       const int32_t *tok, int B) {
+    return B == 1 ? kkv_model_forward(model, c, logits, seqs[0], tok, 1, 0)
+                  : kkv_model_decode_batch(model, c, logits, seqs, tok, B);
+}
+
+/* Model and cache onto pool tp (both borrow it). */
+static kkv_status use_pool(kkv_model *model, kkv_cache *c, kkv_threadpool *tp) {
+    kkv_status st = kkv_model_set_threadpool(model, tp);
+    return st == KKV_OK ? kkv_cache_set_threadpool(c, tp) : st;
+}
+
+/* The --scaling table and its JSON member. */
+static void print_scaling(const bench_opts *o, const row *rows, int R) {
+    int M = o->n_methods;
+    printf("\nthread scaling, same run (medians of the interleaved steps):\n");
+    printf("%-11s %7s %5s %12s %12s %9s %11s\n", "method", "depth", "batch", "ms 1 thread",
+           "ms threads", "speed-up", "per thread");
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < M; i++) {
+            const row *r = &rows[(size_t)k * M + i];
+            double sp = r->med1_s / r->med_s;
+            printf("%-11s %7d %5d %12.2f %12.2f %8.2fx %10.0f%%\n", o->method_names[i], r->depth,
+                   r->batch, r->med1_s * 1e3, r->med_s * 1e3, sp, 100.0 * sp / o->threads);
+        }
+    printf("(ms threads: on %d threads; speed-up = ms 1 thread / ms threads)\n", o->threads);
+}
+
+static void json_scaling(const bench_opts *o, const row *rows, int R) {
+    int M = o->n_methods;
+    printf(",\"scaling\":[");
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < M; i++) {
+            const row *r = &rows[(size_t)k * M + i];
+            printf("%s{\"method\":", k || i ? "," : "");
+            cli_json_str(stdout, o->method_names[i]);
+            printf(",\"depth\":%d,\"batch\":%d,\"ms_one_thread\":", r->depth, r->batch);
+            bench_json_num(stdout, r->med1_s * 1e3);
+            printf(",\"ms_threads\":");
+            bench_json_num(stdout, r->med_s * 1e3);
+            printf(",\"speedup\":");
+            bench_json_num(stdout, r->med1_s / r->med_s);
+            printf("}");
+        }
+    printf("]");
+}
 
 int bench_decode(int argc, char **argv) {
     bench_opts o;
@@ -53,16 +107,20 @@ int bench_decode(int argc, char **argv) {
     if (bench_set_methods(&o, "fp16,kivi-k2v2,kitty,kitty-pro")) return 2;
     int rc = bench_parse(&o, argc, argv,
                          BO_MODEL | BO_DEPTH | BO_METHODS | BO_THREADS | BO_KERNEL | BO_N |
-                         BO_BATCH, usage);
+                         BO_BATCH | BO_SCALING, usage);
     if (rc) return rc < 0 ? 0 : rc;
     const int NB = o.n_batch, BMAX = o.batch[NB - 1];
+    const int S = o.scaling && o.threads > 1 ? 2 : 1; /* runs per step: -t threads, then one */
+    if (o.scaling && o.threads == 1) fprintf(stderr, "kittykv " CMD ": --scaling needs -t above 1; ignored\n");
 
     /* One pool for the model and every cache, as `generate` and `serve` run:
      * a pool per cache meant idle workers polling beside the model's (three
      * or more threads wanting two cores at every attention call). */
-    kkv_threadpool *tp = NULL;
-    if (kkv_threadpool_create(&tp, o.threads) != KKV_OK) {
+    kkv_threadpool *tp = NULL, *tp1 = NULL; /* tp1: --scaling's one-thread pool */
+    if (kkv_threadpool_create(&tp, o.threads) != KKV_OK ||
+        (S > 1 && kkv_threadpool_create(&tp1, 1) != KKV_OK)) {
         fprintf(stderr, "kittykv " CMD ": %s\n", kkv_last_error());
+        kkv_threadpool_free(tp);
         return 1;
     }
     kkv_model *model;
@@ -72,6 +130,7 @@ int bench_decode(int argc, char **argv) {
         if (model) fprintf(stderr, "kittykv " CMD ": %s\n", kkv_last_error());
         kkv_model_free(model);
         kkv_threadpool_free(tp);
+        kkv_threadpool_free(tp1);
         return 1;
     }
     kkv_model_info info;
@@ -86,12 +145,13 @@ int bench_decode(int argc, char **argv) {
     float *logits = malloc((size_t)BMAX * info.n_vocab * sizeof *logits); /* [BMAX][n_vocab] */
     double *times = malloc((size_t)NB * M * (N + 1) * sizeof *times); /* [NB][M][N] wall s */
     double *cpu = malloc((size_t)NB * M * (N + 1) * sizeof *cpu);     /* [NB][M][N] CPU s */
+    double *times1 = malloc((size_t)NB * M * (N + 1) * sizeof *times1); /* [NB][M][N] one thread */
     row *rows = malloc((size_t)o.n_list * NB * M * sizeof *rows);    /* [depths][NB][M] */
     int *bseqs = malloc((size_t)M * BMAX * sizeof *bseqs);           /* [M][BMAX] */
     int32_t *btok = malloc((size_t)BMAX * sizeof *btok);             /* [BMAX] */
     kkv_kernel used = KKV_KERNEL_AUTO;
     rc = 0;
-    if (!logits || !times || !cpu || !rows || !bseqs || !btok ||
+    if (!logits || !times || !cpu || !times1 || !rows || !bseqs || !btok ||
         bench_synth_init(&g, sh.n_layers, sh.n_kv_heads, sh.head_dim, 42)) {
         fprintf(stderr, "kittykv " CMD ": out of memory\n");
         rc = 1;
@@ -102,7 +162,7 @@ int bench_decode(int argc, char **argv) {
             break;
         }
         /* room for the deepest context plus every decode step of every depth */
-        size_t pool = bench_pool_for(&sh, last_depth + (N + 1) * o.n_list * NB, BMAX);
+        size_t pool = bench_pool_for(&sh, last_depth + S * (N + 1) * o.n_list * NB, BMAX);
         kkv_cache_config cfg = kkv_model_cache_config(model, &o.methods[i], pool);
         cfg.n_threads = 1; /* no workers of its own: it borrows tp */
         cfg.max_seqs = BMAX;
@@ -151,19 +211,24 @@ int bench_decode(int argc, char **argv) {
                 }
                 for (int k = 0; k < M; k++) {
                     int i = bench_order(s, k, M);
+                    const int *sq = bseqs + (size_t)i * BMAX;
                     double t0 = cli_now(), c0 = bench_cpu_now();
-                    kkv_status st = B == 1
-                        ? kkv_model_forward(model, caches[i], logits, seqs[i], btok, 1, 0)
-                        : kkv_model_decode_batch(model, caches[i], logits,
-                                                 bseqs + (size_t)i * BMAX, btok, B);
+                    kkv_status st = step(model, caches[i], logits, sq, btok, B);
+                    size_t at = ((size_t)bi * M + i) * N + s - 1;
+                    if (st == KKV_OK && s > 0) {
+                        times[at] = cli_now() - t0;
+                        cpu[at] = bench_cpu_now() - c0;
+                    }
+                    if (st == KKV_OK && S > 1) { /* the same step on one thread */
+                        st = use_pool(model, caches[i], tp1);
+                        double t1 = cli_now();
+                        if (st == KKV_OK) st = step(model, caches[i], logits, sq, btok, B);
+                        if (st == KKV_OK && s > 0) times1[at] = cli_now() - t1;
+                        if (st == KKV_OK) st = use_pool(model, caches[i], tp);
+                    }
                     if (st != KKV_OK) {
                         rc = bench_fail(&o, "decode");
                         break;
-                    }
-                    if (s > 0) {
-                        size_t at = ((size_t)bi * M + i) * N + s - 1;
-                        times[at] = cli_now() - t0;
-                        cpu[at] = bench_cpu_now() - c0;
                     }
                 }
             }
@@ -178,7 +243,8 @@ int bench_decode(int argc, char **argv) {
                 rows[((size_t)d * NB + bi) * M + i] =
                     (row){depth, o.batch[bi], bench_median(t, N), bench_quantile(t, N, 0.25),
                           bench_quantile(t, N, 0.75), bench_quantile(t, N, 0.0),
-                          bench_median(cpu + ((size_t)bi * M + i) * N, N), mem.bits_per_element};
+                          bench_median(cpu + ((size_t)bi * M + i) * N, N), mem.bits_per_element,
+                          S > 1 ? bench_median(times1 + ((size_t)bi * M + i) * N, N) : 0.0};
             }
     }
     free(fillc);
@@ -210,6 +276,7 @@ int bench_decode(int argc, char **argv) {
         printf("(median of %d interleaved steps per point after one warm-up; a step decodes "
                "one token of each of `batch` sequences; tok/s = batch / median step; cpu tok/s "
                "= batch / median CPU time of the step, all threads)\n", N);
+        if (S > 1) print_scaling(&o, rows, R);
         if (o.json) {
             printf("{\"bench\":\"decode\",\"model\":");
             cli_json_str(stdout, info.name);
@@ -248,7 +315,9 @@ int bench_decode(int argc, char **argv) {
                     else printf("null");
                     printf("}");
                 }
-            printf("]}\n");
+            printf("]");
+            if (S > 1) json_scaling(&o, rows, R);
+            printf("}\n");
         }
     }
     for (int i = 0; i < M; i++) kkv_cache_free(caches[i]);
@@ -256,10 +325,12 @@ int bench_decode(int argc, char **argv) {
     free(logits);
     free(times);
     free(cpu);
+    free(times1);
     free(rows);
     free(bseqs);
     free(btok);
     kkv_model_free(model);
     kkv_threadpool_free(tp); /* after everything that borrows it */
+    kkv_threadpool_free(tp1);
     return rc;
 }
