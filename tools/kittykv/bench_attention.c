@@ -191,7 +191,8 @@ int bench_attention(int argc, char **argv) {
 
     int M = o.n_methods;
     int S = o.scaling && o.threads > 1 ? 2 : 1, K = S * M; /* cache sets; caches */
-    if (o.scaling && o.threads == 1) fprintf(stderr, "kittykv " CMD ": --scaling needs -t above 1; ignored\n");
+    if (o.scaling && o.threads == 1)
+        fprintf(stderr, "kittykv " CMD ": --scaling needs -t above 1; ignored\n");
     state st;
     memset(&st, 0, sizeof st);
     size_t qn = (size_t)sh.n_layers * sh.n_heads * sh.head_dim;

@@ -111,7 +111,8 @@ int bench_decode(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     const int NB = o.n_batch, BMAX = o.batch[NB - 1];
     const int S = o.scaling && o.threads > 1 ? 2 : 1; /* runs per step: -t threads, then one */
-    if (o.scaling && o.threads == 1) fprintf(stderr, "kittykv " CMD ": --scaling needs -t above 1; ignored\n");
+    if (o.scaling && o.threads == 1)
+        fprintf(stderr, "kittykv " CMD ": --scaling needs -t above 1; ignored\n");
 
     /* One pool for the model and every cache, as `generate` and `serve` run:
      * a pool per cache meant idle workers polling beside the model's (three
@@ -214,7 +215,7 @@ int bench_decode(int argc, char **argv) {
                     const int *sq = bseqs + (size_t)i * BMAX;
                     double t0 = cli_now(), c0 = bench_cpu_now();
                     kkv_status st = step(model, caches[i], logits, sq, btok, B);
-                    size_t at = ((size_t)bi * M + i) * N + s - 1;
+                    size_t at = ((size_t)bi * M + i) * N + (s > 0 ? s - 1 : 0); /* s 0: warm-up, not kept */
                     if (st == KKV_OK && s > 0) {
                         times[at] = cli_now() - t0;
                         cpu[at] = bench_cpu_now() - c0;
