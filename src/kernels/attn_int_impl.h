@@ -522,8 +522,7 @@ static int fold_queries(int32_t (*qi)[KKV_MAX_HEAD_DIM + 8], float *d, float *cs
         float gm[KGROUPS] = {0}, ginv[KGROUPS], *dr = d + r * KGROUPS;
         for (int g = 0; g < KGROUPS; g++) {
             if (gmask >> g & 1) gm[g] = hmax(mx[r][g]);
-            /* 127 / gm infinite or the step subnormal: the float kernel (as the wide kernels) */
-            if (gm[g] > 0.0f && gm[g] < 1e-30f) return 0;
+            if (fold_too_small(gm[g])) return 0; /* the float kernel takes the page */
         }
         group_steps(dr, ginv, gm);
         tinv[r] = _mm256_setr_ps(ginv[0], ginv[1], ginv[2], 0, 0, 0, 0, 0);

@@ -23,7 +23,8 @@
  * Error (the tests' bound): codes are centred on maxq/2 through the per-head
  * constant, so |s_t - exact| <= d/2 * sum_j |c_tj - maxq_j/2| (+ float
  * rounding). A non-finite f, or a head whose largest |f| is below 1e-30
- * (not 0), falls back to the float kernel (kkv_avx2_qk_page). Pure function of its inputs: bit-identical for any
+ * (not 0; fold_too_small), falls back to the float kernel
+ * (kkv_avx2_qk_page). Pure function of its inputs: bit-identical for any
  * thread count. */
 #include <immintrin.h>
 #include <math.h>
@@ -95,9 +96,7 @@ AI int fold16(int16_t (*x)[WX], float *d, float *cst, const float *q, int RB, co
     __m256 vinv[RBW], vd[RBW], c[RBW], corr[RBW];
     for (int r = 0; r < RB; r++) {
         float M = hmax(mx[r]);
-        /* a head whose largest |f| is this tiny (but not 0) would make QMAX / M
-         * infinite or d subnormal: the float kernel takes the page instead */
-        if (M > 0.0f && M < 1e-30f) return 0;
+        if (fold_too_small(M)) return 0; /* the float kernel takes the page */
         d[r] = M / qmax;
         vinv[r] = _mm256_set1_ps(M > 0.0f ? qmax / M : 0.0f);
         vd[r] = _mm256_set1_ps(d[r]);

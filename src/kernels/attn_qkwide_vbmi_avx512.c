@@ -24,8 +24,8 @@
  * Error (the tests' bound): codes are centred on maxq/2 through the per-head
  * constant, as in the int8 kernel, so
  *   |s_t - exact| <= d/2 * sum_j |c_tj - maxq_j/2|  (+ float rounding).
- * A non-finite f, or a head whose largest |f| is below 1e-30 (not 0), falls
- * back to the float kernel (kkv_avx2_qk_page). Pure
+ * A non-finite f, or a head whose largest |f| is below 1e-30 (not 0;
+ * fold_too_small), falls back to the float kernel (kkv_avx2_qk_page). Pure
  * function of its inputs: bit-identical for any thread count. */
 #include <immintrin.h>
 #include <math.h>
@@ -126,7 +126,7 @@ AI int fold_wide(int8_t (*w)[2][WQ], float *d, float *cst, const float *q, int R
     if (bad) return 0; /* inf or NaN */
     for (int r = 0; r < RB; r++) {
         float M = _mm512_reduce_max_ps(mx[r]);
-        if (M > 0.0f && M < 1e-30f) return 0; /* QMAX / M infinite or d subnormal: the float kernel */
+        if (fold_too_small(M)) return 0; /* the float kernel takes the page */
         d[r] = M / QMAX;
         vinv[r] = _mm512_set1_ps(M > 0.0f ? QMAX / M : 0.0f);
         vd[r] = _mm512_set1_ps(d[r]);
