@@ -142,6 +142,14 @@ void kkv_model_set_qkv_hook(kkv_model *m, kkv_qkv_hook fn, void *user);
  * model. */
 uint64_t kkv_model_fingerprint(const kkv_model *m);
 
+/* Bytes of weight matrices one decode step streams from memory: every
+ * layer's Q, K, V, output and feed-forward projections and the output
+ * (vocabulary) matrix, as the matmuls read them. The embedding row and the
+ * norm and bias vectors are left out (under 0.2% for SmolLM2 and Gemma 3).
+ * Divided by a step's time it is the bandwidth the weights alone demand, the
+ * roofline of decode at short context. 0 for a vocabulary-only model or NULL. */
+uint64_t kkv_model_decode_bytes(const kkv_model *m);
+
 /* The sliding window of one layer in tokens (0: global attention, or no such
  * layer or model). kkv_model_cache_config() passes every layer's to the cache. */
 int kkv_model_layer_window(const kkv_model *m, int layer);

@@ -685,6 +685,14 @@ int main(void) {
           "info: arch %s layers %d vocab %d", g_info.arch, g_info.n_layers, g_info.n_vocab);
     CHECK(g_info.rope_neox == 0 && g_info.rope_dims == g_info.head_dim, "info: llama rope layout %d, dims %d",
           g_info.rope_neox, g_info.rope_dims);
+    /* SmolLM2 ties its output matrix to token_embd and keeps only the norm
+     * vectors (two per layer and the output norm, fp32) outside the matrices */
+    uint64_t norms = (uint64_t)(2 * g_info.n_layers + 1) * (uint64_t)g_info.n_embd * 4u;
+    CHECK(kkv_model_decode_bytes(g_m) == g_info.weight_bytes - norms,
+          "decode bytes %llu = the file's tensors %llu less the norms %llu",
+          (unsigned long long)kkv_model_decode_bytes(g_m), (unsigned long long)g_info.weight_bytes,
+          (unsigned long long)norms);
+    CHECK(kkv_model_decode_bytes(NULL) == 0, "decode bytes of NULL");
     int32_t *prompt = malloc(N_PROMPT * sizeof *prompt);
     if (!prompt || make_prompt(prompt, N_PROMPT)) {
         CHECK(0, "no prompt tokens");

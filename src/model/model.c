@@ -709,6 +709,26 @@ kkv_status kkv_detokenize(const kkv_model *m, char *buf, size_t cap, size_t *n_o
     return KKV_OK;
 }
 
+/* Bytes of w a matmul streams: its packed copy where it has one (whole
+ * groups), else its rows. */
+static uint64_t streamed(const kkv_weight *w) {
+    if (w->rows <= 0) return 0;
+    uint64_t rows = (uint64_t)w->rows;
+    if (w->packed && w->pack_rows > 0) rows = (rows + (uint64_t)w->pack_rows - 1) / (uint64_t)w->pack_rows * (uint64_t)w->pack_rows;
+    return rows * (uint64_t)w->row_bytes;
+}
+
+uint64_t kkv_model_decode_bytes(const kkv_model *m) {
+    if (!m || !m->layers) return 0;
+    uint64_t b = streamed(&m->output);
+    for (int l = 0; l < m->info.n_layers; l++) {
+        const kkv_layer *L = &m->layers[l];
+        b += streamed(&L->wq) + streamed(&L->wk) + streamed(&L->wv) + streamed(&L->wo) +
+             streamed(&L->w_gate) + streamed(&L->w_up) + streamed(&L->w_down);
+    }
+    return b;
+}
+
 int kkv_model_layer_window(const kkv_model *m, int layer) {
     if (!m || !m->layers || layer < 0 || layer >= m->info.n_layers) return 0;
     return m->layers[layer].window;

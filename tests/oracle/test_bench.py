@@ -138,8 +138,10 @@ def test_scaling(t, exe, env):
     obj = bench_ok(t, exe, env, name,
                    ["attention", "--ctx", "300", "--methods", "fp16,kitty", "--reps", "2",
                     "--bw-mb", "16", "-t", "2", "--scaling", "--json"])
-    if obj is None or not has_keys(t, name, obj, ["rows", "scaling", "threads"]):
+    if obj is None or not has_keys(t, name, obj, ["rows", "scaling", "threads",
+                                                  "bandwidth_one_thread_gbs"]):
         return
+    t.check(obj["bandwidth_one_thread_gbs"] > 0, name + ": a one-thread read bandwidth")
     sc = obj["scaling"]
     t.check(obj["threads"] == 2 and len(sc) == 2 and len(obj["rows"]) == 2,
             name + ": one scaling row per (ctx, method), beside the 2-thread rows")
@@ -160,27 +162,69 @@ def test_scaling(t, exe, env):
             name + " with -t 1: a warning, no scaling rows")
 
 
+def matrix_bytes(model):
+    """Bytes of the weight matrices a decode step streams, from the GGUF itself
+    (the gguf package): every tensor of two or more dimensions, token_embd
+    only when it is also the output matrix (no output.weight). Every row count
+    of the default model is a multiple of the packed group (8 or 16), so
+    packing adds nothing."""
+    try:
+        import gguf
+    except ImportError:
+        return None
+    r = gguf.GGUFReader(model)
+    names = {x.name for x in r.tensors}
+    total = 0
+    for x in r.tensors:
+        if len([d for d in x.shape if d > 1]) < 2:
+            continue
+        if x.name == "token_embd.weight" and "output.weight" in names:
+            continue
+        total += int(x.n_bytes)
+    return total
+
+
 def test_decode(t, exe, env):
     obj = bench_ok(t, exe, env, "decode",
                    ["decode", "--depth", "0,300", "-n", "2", "--methods", "fp16,kitty",
-                    "--json"])
-    if obj is None or not has_keys(t, "decode", obj, ["rows", "threads", "context"]):
+                    "--bw-mb", "16", "--json"])
+    if obj is None or not has_keys(t, "decode", obj, ["rows", "threads", "context", "bandwidth_gbs",
+                                                      "weight_bytes_per_step"]):
         return
     rows = obj["rows"]
     t.check(len(rows) == 4, "decode: one row per (depth, method)")
+    want = matrix_bytes(env["KKV_MODEL"])
+    wb = obj["weight_bytes_per_step"]
+    if want is not None:
+        t.check(wb == want, "decode: weight bytes per step %s = the GGUF's matrices %s" % (wb, want))
+    bw = obj["bandwidth_gbs"]
+    t.check(bw > 0, "decode: a read bandwidth")
     for r in rows:
         if has_keys(t, "decode row", r, ["method", "depth", "tok_s", "ms_per_token",
-                                         "speedup_vs_fp16"]):
+                                         "speedup_vs_fp16", "bytes_per_step", "roofline"]):
             t.check(r["tok_s"] > 0 and abs(r["tok_s"] * r["ms_per_token"] - 1e3) < 1e-2 * 1e3,
                     "decode %s@%d: tok/s = 1000 / ms" % (r["method"], r["depth"]))
+            # the depth-300 sequence holds 301+ tokens of K/V (2 x L x H x D fp16 each for fp16)
+            kv = r["bytes_per_step"] - wb
+            lo = 2 * L * H * D * 2 * (r["depth"] + 1) if r["method"] == "fp16" else 1
+            t.check(kv >= lo, "decode %s@%d: bytes per step = weights + the sequence's K/V "
+                    "(K/V %s, at least %s)" % (r["method"], r["depth"], kv, lo))
+            want_rl = r["bytes_per_step"] / (r["ms_per_step"] * 1e-3) * 1e-9 / bw
+            t.check(abs(r["roofline"] - want_rl) <= 1e-3 * want_rl,
+                    "decode %s@%d: roofline = bytes / step / read bandwidth" % (r["method"], r["depth"]))
+    by = {(r["method"], r["depth"]): r for r in rows}
+    if ("kitty", 300) in by and ("fp16", 300) in by:
+        t.check(by[("kitty", 300)]["bytes_per_step"] < by[("fp16", 300)]["bytes_per_step"],
+                "decode: kitty reads fewer bytes than fp16 at depth 300")
     t.check(sorted({r["depth"] for r in rows}) == [0, 300], "decode: the depths asked for")
 
     name = "decode --scaling"
     obj = bench_ok(t, exe, env, name,
                    ["decode", "--depth", "0", "-n", "2", "--methods", "kitty", "-t", "2",
-                    "--scaling", "--json"])
-    if obj is None or not has_keys(t, name, obj, ["rows", "scaling"]):
+                    "--bw-mb", "16", "--scaling", "--json"])
+    if obj is None or not has_keys(t, name, obj, ["rows", "scaling", "bandwidth_one_thread_gbs"]):
         return
+    t.check(obj["bandwidth_one_thread_gbs"] > 0, name + ": a one-thread read bandwidth")
     sc, rows = obj["scaling"], obj["rows"]
     t.check(len(sc) == 1 and len(rows) == 1, name + ": one scaling row per (depth, method)")
     if sc and rows and has_keys(t, name + " row", sc[0], ["ms_one_thread", "ms_threads",

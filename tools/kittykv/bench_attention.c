@@ -27,7 +27,9 @@ static void usage(FILE *f) {
             "          -t all cores (attention and read test)  --kernel auto  --reps 9  --bw-mb 256\n"
             "With --scaling (and -t above 1) every method also runs on a one-thread cache\n"
             "filled the same way, timed in the same interleaved rounds: the speed-up of\n"
-            "-t threads over one is a ratio of medians measured side by side.\n");
+            "-t threads over one is a ratio of medians measured side by side, printed beside\n"
+            "the read test's bandwidth on -t threads over one (the ceiling where memory\n"
+            "bounds the kernel).\n");
 }
 
 /* One token's attention over every layer. q: [L][n_q][D], out: [n_q][D]. */
@@ -113,20 +115,21 @@ static int measure(const bench_opts *o, state *st, const bench_shape *sh, row *r
 
 /* The --scaling table: each method's median on -t threads against its
  * one-thread twin, timed in the same interleaved rounds. */
-static void print_scaling(const bench_opts *o, const state *st, int K) {
+static void print_scaling(const bench_opts *o, const state *st, int K, double bw, double bw1) {
     int M = o->n_methods;
     printf("\nthread scaling, same run (medians of the interleaved rounds):\n");
-    printf("%-11s %7s %12s %12s %9s %11s\n", "method", "ctx", "us 1 thread", "us threads", "speed-up",
-           "per thread");
+    printf("%-11s %7s %12s %12s %9s %11s %10s\n", "method", "ctx", "us 1 thread", "us threads",
+           "speed-up", "per thread", "read bw x");
     for (int c = 0; c < o->n_list; c++)
         for (int i = 0; i < M; i++) {
             const row *a = &st->rows[(size_t)c * K + M + i], *b = &st->rows[(size_t)c * K + i];
             double sp = a->med_s / b->med_s;
-            printf("%-11s %7d %12.1f %12.1f %8.2fx %10.0f%%\n", o->method_names[i], b->ctx, a->med_s * 1e6,
-                   b->med_s * 1e6, sp, 100.0 * sp / o->threads);
+            printf("%-11s %7d %12.1f %12.1f %8.2fx %10.0f%% %9.2fx\n", o->method_names[i], b->ctx,
+                   a->med_s * 1e6, b->med_s * 1e6, sp, 100.0 * sp / o->threads, bw / bw1);
         }
-    printf("(us threads: on %d threads; speed-up = us 1 thread / us threads; per thread = speed-up / %d)\n",
-           o->threads, o->threads);
+    printf("(us threads: on %d threads; speed-up = us 1 thread / us threads; per thread = speed-up / %d; "
+           "read bw x = read bandwidth on %d threads (%.2f GB/s) / on one (%.2f GB/s), the ceiling "
+           "where memory bounds the kernel)\n", o->threads, o->threads, o->threads, bw, bw1);
 }
 
 static void json_scaling(const bench_opts *o, const state *st, int K) {
@@ -182,15 +185,17 @@ int bench_attention(int argc, char **argv) {
             return bench_fail(&o, o.method_names[i]);
 
     /* The roofline first, while the caches do not yet hold memory. */
-    fprintf(stderr, "measuring read bandwidth (%d MiB, %d threads)...\n", o.bw_mb, o.threads);
+    int M = o.n_methods;
+    int S = o.scaling && o.threads > 1 ? 2 : 1, K = S * M; /* cache sets; caches */
+    fprintf(stderr, "measuring read bandwidth (%d MiB, %d threads%s)...\n", o.bw_mb, o.threads,
+            S > 1 ? " and one" : "");
     double bw = bench_read_bandwidth((size_t)o.bw_mb << 20, o.threads, 5);
-    if (bw <= 0) {
+    double bw1 = S > 1 ? bench_read_bandwidth((size_t)o.bw_mb << 20, 1, 5) : bw;
+    if (bw <= 0 || bw1 <= 0) {
         fprintf(stderr, "kittykv " CMD ": out of memory for the read test\n");
         return 1;
     }
 
-    int M = o.n_methods;
-    int S = o.scaling && o.threads > 1 ? 2 : 1, K = S * M; /* cache sets; caches */
     if (o.scaling && o.threads == 1)
         fprintf(stderr, "kittykv " CMD ": --scaling needs -t above 1; ignored\n");
     state st;
@@ -240,6 +245,10 @@ int bench_attention(int argc, char **argv) {
     /* A second read test after the timings: the best of both is the roofline. */
     double bw2 = bench_read_bandwidth((size_t)o.bw_mb << 20, o.threads, 5);
     if (bw2 > bw) bw = bw2;
+    if (S > 1) {
+        bw2 = bench_read_bandwidth((size_t)o.bw_mb << 20, 1, 5);
+        if (bw2 > bw1) bw1 = bw2;
+    }
 
     int fp16 = -1;
     for (int i = 0; i < M; i++)
@@ -270,7 +279,7 @@ int bench_attention(int argc, char **argv) {
            "us best: the fastest one; cpu us: median CPU time of all threads; bytes/token = stored bytes = bytes "
            "read; roofline = GB/s / read bandwidth; a cache that fits the last-level cache "
            "can exceed 100%%)\n", o.reps);
-    if (S > 1) print_scaling(&o, &st, K);
+    if (S > 1) print_scaling(&o, &st, K, bw, bw1);
     if (o.json) {
         printf("{\"bench\":\"attention\",\"kernel\":");
         cli_json_str(stdout, kkv_kernel_name(used));
@@ -279,6 +288,10 @@ int bench_attention(int argc, char **argv) {
                o.threads, sh.n_layers, sh.n_heads, sh.n_kv_heads, sh.head_dim,
                sh.from_model ? "true" : "false");
         bench_json_num(stdout, bw);
+        if (S > 1) {
+            printf(",\"bandwidth_one_thread_gbs\":");
+            bench_json_num(stdout, bw1);
+        }
         printf(",\"rows\":[");
         for (int c = 0; c < o.n_list; c++)
             for (int i = 0; i < M; i++) {

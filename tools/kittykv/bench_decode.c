@@ -33,7 +33,11 @@ static void usage(FILE *f) {
             "and cache switched to a one-thread pool for it), interleaved with the -t steps:\n"
             "the speed-up of -t threads over one is a ratio of medians measured side by side\n"
             "(each -t step starts by waking workers that slept through the one-thread step:\n"
-            "~3%% against -t at depth 0 on a Zen 3).\n"
+            "~3%% against -t at depth 0 on a Zen 3). Beside it the read test's bandwidth on\n"
+            "-t threads over one: what a step that only streamed memory could gain.\n"
+            "MB/step: the weight matrices a step streams (kkv_model_decode_bytes) plus the\n"
+            "stored K/V of the step's sequences; roofline: MB/step / median step over the\n"
+            "read bandwidth of -t threads, measured before and after the steps (best).\n"
             "Default model: %s\n",
             cli_default_model());
 }
@@ -42,7 +46,18 @@ typedef struct row {
     int    depth, batch;
     double med_s, q1_s, q3_s, min_s, cpu_s, bits;
     double med1_s; /* --scaling: the median step on one thread */
+    double bytes;  /* weights streamed + stored K/V of the step's sequences */
 } row;
+
+/* Read bandwidth on o->threads threads into *bw and, with S > 1 (--scaling),
+ * on one into *bw1. 1 (after a message) when the test's array cannot be had. */
+static int read_bw(double *bw, double *bw1, const bench_opts *o, int S) {
+    *bw = bench_read_bandwidth((size_t)o->bw_mb << 20, o->threads, 5);
+    *bw1 = S > 1 ? bench_read_bandwidth((size_t)o->bw_mb << 20, 1, 5) : *bw;
+    if (*bw > 0 && *bw1 > 0) return 0;
+    fprintf(stderr, "kittykv " CMD ": out of memory for the read test\n");
+    return 1;
+}
 
 /* One decode step of method cache c: B == 1 is kkv_model_forward. */
 static kkv_status step(kkv_model *model, kkv_cache *c, float *logits, const int *seqs,
@@ -58,19 +73,22 @@ static kkv_status use_pool(kkv_model *model, kkv_cache *c, kkv_threadpool *tp) {
 }
 
 /* The --scaling table and its JSON member. */
-static void print_scaling(const bench_opts *o, const row *rows, int R) {
+static void print_scaling(const bench_opts *o, const row *rows, int R, double bw, double bw1) {
     int M = o->n_methods;
     printf("\nthread scaling, same run (medians of the interleaved steps):\n");
-    printf("%-11s %7s %5s %12s %12s %9s %11s\n", "method", "depth", "batch", "ms 1 thread",
-           "ms threads", "speed-up", "per thread");
+    printf("%-11s %7s %5s %12s %12s %9s %11s %10s\n", "method", "depth", "batch", "ms 1 thread",
+           "ms threads", "speed-up", "per thread", "read bw x");
     for (int k = 0; k < R; k++)
         for (int i = 0; i < M; i++) {
             const row *r = &rows[(size_t)k * M + i];
             double sp = r->med1_s / r->med_s;
-            printf("%-11s %7d %5d %12.2f %12.2f %8.2fx %10.0f%%\n", o->method_names[i], r->depth,
-                   r->batch, r->med1_s * 1e3, r->med_s * 1e3, sp, 100.0 * sp / o->threads);
+            printf("%-11s %7d %5d %12.2f %12.2f %8.2fx %10.0f%% %9.2fx\n", o->method_names[i],
+                   r->depth, r->batch, r->med1_s * 1e3, r->med_s * 1e3, sp,
+                   100.0 * sp / o->threads, bw / bw1);
         }
-    printf("(ms threads: on %d threads; speed-up = ms 1 thread / ms threads)\n", o->threads);
+    printf("(ms threads: on %d threads; speed-up = ms 1 thread / ms threads; read bw x = read "
+           "bandwidth on %d threads (%.2f GB/s) / on one (%.2f GB/s), the ceiling of a step "
+           "bound by memory)\n", o->threads, o->threads, bw, bw1);
 }
 
 static void json_scaling(const bench_opts *o, const row *rows, int R) {
@@ -104,10 +122,11 @@ int bench_decode(int argc, char **argv) {
     o.n_list = 4;
     o.batch[0] = 1;
     o.n_batch = 1;
+    o.bw_mb = 256;
     if (bench_set_methods(&o, "fp16,kivi-k2v2,kitty,kitty-pro")) return 2;
     int rc = bench_parse(&o, argc, argv,
                          BO_MODEL | BO_DEPTH | BO_METHODS | BO_THREADS | BO_KERNEL | BO_N |
-                         BO_BATCH | BO_SCALING, usage);
+                         BO_BATCH | BO_SCALING | BO_BW, usage);
     if (rc) return rc < 0 ? 0 : rc;
     const int NB = o.n_batch, BMAX = o.batch[NB - 1];
     const int S = o.scaling && o.threads > 1 ? 2 : 1; /* runs per step: -t threads, then one */
@@ -136,6 +155,17 @@ int bench_decode(int argc, char **argv) {
     }
     kkv_model_info info;
     kkv_model_get_info(model, &info);
+    const double wbytes = (double)kkv_model_decode_bytes(model);
+    /* the roofline (and --scaling's ceiling) first, while the caches hold no memory */
+    double bw = 0.0, bw1 = 0.0;
+    fprintf(stderr, "measuring read bandwidth (%d MiB, %d thread%s%s)...\n", o.bw_mb, o.threads,
+            o.threads > 1 ? "s" : "", S > 1 ? " and one" : "");
+    if (read_bw(&bw, &bw1, &o, S)) {
+        kkv_model_free(model);
+        kkv_threadpool_free(tp);
+        kkv_threadpool_free(tp1);
+        return 1;
+    }
     bench_shape sh = bench_shape_of(model);
     const int M = o.n_methods, N = o.n, last_depth = o.list[o.n_list - 1];
 
@@ -241,14 +271,28 @@ int bench_decode(int argc, char **argv) {
                 const double *t = times + ((size_t)bi * M + i) * N;
                 kkv_mem mem;
                 kkv_seq_mem(caches[i], &mem, seqs[i]);
+                double kv = 0.0; /* what the step's attention reads: its sequences' stored K/V */
+                for (int b = 0; b < o.batch[bi]; b++) {
+                    kkv_mem mb;
+                    kkv_seq_mem(caches[i], &mb, bseqs[(size_t)i * BMAX + b]);
+                    kv += (double)mb.total;
+                }
                 rows[((size_t)d * NB + bi) * M + i] =
                     (row){depth, o.batch[bi], bench_median(t, N), bench_quantile(t, N, 0.25),
                           bench_quantile(t, N, 0.75), bench_quantile(t, N, 0.0),
                           bench_median(cpu + ((size_t)bi * M + i) * N, N), mem.bits_per_element,
-                          S > 1 ? bench_median(times1 + ((size_t)bi * M + i) * N, N) : 0.0};
+                          S > 1 ? bench_median(times1 + ((size_t)bi * M + i) * N, N) : 0.0,
+                          wbytes + kv};
             }
     }
     free(fillc);
+    if (!rc) { /* a second read test after the steps: the best of both */
+        double b2 = 0.0, b21 = 0.0;
+        if (read_bw(&b2, &b21, &o, S) == 0) {
+            if (b2 > bw) bw = b2;
+            if (b21 > bw1) bw1 = b21;
+        }
+    }
 
     if (!rc) {
         int fp16 = -1;
@@ -259,16 +303,20 @@ int bench_decode(int argc, char **argv) {
                "context = synthetic K/V (prefill not timed), decode = real model\n",
                info.name[0] ? info.name : info.arch, info.n_layers, o.threads,
                o.threads > 1 ? "s" : "", kkv_kernel_name(used));
-        printf("%-11s %7s %5s %10s %10s %10s %10s %10s %10s %8s %9s %8s\n", "method", "depth",
-               "batch", "tok/s", "cpu tok/s", "ms/step", "ms IQR", "ms best", "cpu ms",
-               "bits/el", "vs fp16", "cpu vs");
+        printf("read bandwidth (sum over %d MiB, %d thread%s, best of 10): %.2f GB/s\n", o.bw_mb,
+               o.threads, o.threads > 1 ? "s" : "", bw);
+        printf("%-11s %7s %5s %10s %10s %10s %10s %10s %10s %8s %9s %9s %9s %8s\n", "method",
+               "depth", "batch", "tok/s", "cpu tok/s", "ms/step", "ms IQR", "ms best", "cpu ms",
+               "bits/el", "MB/step", "roofline", "vs fp16", "cpu vs");
         for (int k = 0; k < R; k++)
             for (int i = 0; i < M; i++) {
                 const row *r = &rows[(size_t)k * M + i];
-                printf("%-11s %7d %5d %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %8.3f ",
+                printf("%-11s %7d %5d %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %8.3f %9.2f "
+                       "%8.1f%% ",
                        o.method_names[i], r->depth, r->batch, r->batch / r->med_s,
                        r->batch / r->cpu_s, r->med_s * 1e3, (r->q3_s - r->q1_s) * 1e3,
-                       r->min_s * 1e3, r->cpu_s * 1e3, r->bits);
+                       r->min_s * 1e3, r->cpu_s * 1e3, r->bits, r->bytes / 1e6,
+                       100.0 * r->bytes / r->med_s * 1e-9 / bw);
                 if (fp16 >= 0)
                     printf("%8.2fx %7.2fx\n", rows[(size_t)k * M + fp16].med_s / r->med_s,
                            rows[(size_t)k * M + fp16].cpu_s / r->cpu_s);
@@ -276,14 +324,22 @@ int bench_decode(int argc, char **argv) {
             }
         printf("(median of %d interleaved steps per point after one warm-up; a step decodes "
                "one token of each of `batch` sequences; tok/s = batch / median step; cpu tok/s "
-               "= batch / median CPU time of the step, all threads)\n", N);
-        if (S > 1) print_scaling(&o, rows, R);
+               "= batch / median CPU time of the step, all threads; roofline = MB/step / ms/step "
+               "over the read bandwidth)\n", N);
+        if (S > 1) print_scaling(&o, rows, R, bw, bw1);
         if (o.json) {
             printf("{\"bench\":\"decode\",\"model\":");
             cli_json_str(stdout, info.name);
             printf(",\"threads\":%d,\"kernel\":", o.threads);
             cli_json_str(stdout, kkv_kernel_name(used));
-            printf(",\"n\":%d,\"context\":\"synthetic\",\"rows\":[", N);
+            printf(",\"n\":%d,\"context\":\"synthetic\",\"bandwidth_gbs\":", N);
+            bench_json_num(stdout, bw);
+            if (S > 1) {
+                printf(",\"bandwidth_one_thread_gbs\":");
+                bench_json_num(stdout, bw1);
+            }
+            printf(",\"weight_bytes_per_step\":%.0f", wbytes); /* exact: a count below 2^53 */
+            printf(",\"rows\":[");
             for (int k = 0; k < R; k++)
                 for (int i = 0; i < M; i++) {
                     const row *r = &rows[(size_t)k * M + i];
@@ -308,6 +364,9 @@ int bench_decode(int argc, char **argv) {
                     bench_json_num(stdout, r->min_s * 1e3);
                     printf(",\"bits_per_element\":");
                     bench_json_num(stdout, r->bits);
+                    printf(",\"bytes_per_step\":%.0f", r->bytes);
+                    printf(",\"roofline\":");
+                    bench_json_num(stdout, r->bytes / r->med_s * 1e-9 / bw);
                     printf(",\"speedup_vs_fp16\":");
                     if (f) bench_json_num(stdout, f->med_s / r->med_s);
                     else printf("null");
