@@ -403,7 +403,7 @@ static void test_kernels(void) {
  * unpacked rows), the scalar kernels' bits on the unpacked rows, for short
  * last groups, batch sizes across the 8-column groups and 1 or 3 threads. */
 static void test_packed(void) {
-    const uint32_t types[] = {KKV_WT_Q4_0, KKV_WT_Q4_1, KKV_WT_Q8_0};
+    const uint32_t types[] = {KKV_WT_Q4_0, KKV_WT_Q4_1, KKV_WT_Q8_0, KKV_WT_Q5_0, KKV_WT_Q5_1};
     const int64_t rows_list[] = {1, 15, 16, 17, 40};
     const int64_t cols_list[] = {32, 96, 576};
     const int ns[] = {1, 2, 5, 10, 17};
@@ -411,7 +411,7 @@ static void test_packed(void) {
     kkv_tp *tp3 = NULL;
     kkv_tp_create(&tp3, 3);
     for (int R = 8; R <= 16; R += 8)
-    for (size_t ti = 0; ti < 3; ti++)
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (int ci = 0; ci < 3; ci++)
             for (int ri = 0; ri < 5; ri++) {
                 int64_t rows = rows_list[ri], cols = cols_list[ci];

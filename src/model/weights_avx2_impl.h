@@ -2,7 +2,9 @@
  * by weights_avx2.c, weights_vnni_avx512.c and weights_vnni_avxvnni.c, each
  * compiled for its level and run only where kkv_cpu_get() has it). Q4_0, Q4_1
  * and Q8_0 take eight rows at once (sixteen in the AVX-512 VNNI build, for
- * batches) with the scalar kernels' arithmetic (weights_rows_impl.h). The other types: the scalar arithmetic except the
+ * batches) with the scalar kernels' arithmetic (weights_rows_impl.h), and so
+ * do Q5_0 and Q5_1 packed (the one-row kernel keeps that arithmetic for
+ * them). The other types: the scalar arithmetic except the
  * order of the fp32 additions: each (weight block, activation block) product
  * is exact in int32, scaled by d_w * d_x and added into 8 fp32 lanes that are
  * summed at the end. Every output uses the same instruction sequence whatever
@@ -34,6 +36,14 @@ static inline __m256i dot4_u8s8(__m256i u, __m256i s) {
 /* dot4_u8s8 of signed w: the sign moves onto x. */
 static inline __m256i dot4_signed(__m256i w, __m256i x) {
     return dot4_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+/* The sum of 8 int32 lanes (exact while it fits, as every block sum here does). */
+static inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
 }
 
 /* Fixed-order sum of 8 lanes: (l+h) halves, then pairs, then the last two. */
@@ -215,23 +225,30 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
         }
         break;
     case KKV_WT_Q5_0:
+    case KKV_WT_Q5_1: {
+        /* The scalar reference's arithmetic, as the packed kernel (which a
+         * model's Q5 weights take) computes it: each block's integer sum is
+         * exact, then acc += (d_w * d_x) * sum in block order. So Q5 rows
+         * give the same bits packed or not, alone or in a block of rows. */
+        const int one = type == KKV_WT_Q5_1;
+        const size_t bb = one ? 24 : 22;
+        float accs[KKV_WT_NX];
+        for (int j = 0; j < nx; j++) accs[j] = 0.0f;
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *wb = row + 22 * b;
-            __m256i w = _mm256_sub_epi8(q5_block(wb + 2, wb + 6), _mm256_set1_epi8(16));
-            float d = f16_at(wb);
-            const __m256 dv = _mm256_set1_ps(d);
-            cols_signed(acc, w, dv, xq, b, nx);
+            const uint8_t *wb = row + bb * (size_t)b;
+            __m256i w = one ? q5_block(wb + 4, wb + 8) : q5_block(wb + 2, wb + 6); /* codes 0..31 */
+            float d = f16_at(wb), m = one ? f16_at(wb + 2) : 0.0f;
+            for (int j = 0; j < nx; j++) {
+                const kkv_q8x *x = &xq[j][b];
+                int32_t sumi = hsum_epi32(dot4_u8s8(w, _mm256_loadu_si256((const __m256i *)x->q)));
+                if (!one) sumi -= 16 * x->isum;
+                accs[j] += (d * x->d) * (float)sumi;
+                if (one) accm[j] += m * x->s;
+            }
         }
-        break;
-    case KKV_WT_Q5_1:
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *wb = row + 24 * b;
-            __m256i w = q5_block(wb + 4, wb + 8);
-            float d = f16_at(wb), m = f16_at(wb + 2);
-            const __m256 dv = _mm256_set1_ps(d);
-            cols_unsigned(acc, accm, w, dv, m, xq, b, nx);
-        }
-        break;
+        for (int j = 0; j < nx; j++) res[j] = accs[j] + accm[j];
+        return;
+    }
     case KKV_WT_Q2_K:
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *wb = row + 84 * (b / 8);

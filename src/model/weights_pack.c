@@ -1,25 +1,43 @@
-/* kkv_wt_pack: Q4_0, Q4_1 and Q8_0 rows rearranged into the packed layout
- * of weights.h (the blocks of R rows, field by field). Plain C: the
- * layout is the same on every CPU, only the kernels that read it differ. */
+/* kkv_wt_pack: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows rearranged into the
+ * packed layout of weights.h (the blocks of R rows, field by field; the
+ * fifth bits of Q5 transposed). Plain C: the layout is the same on every
+ * CPU, only the kernels that read it differ. */
 #include <stdint.h>
 #include <string.h>
 
 #include "core/status.h"
 #include "model/weights.h"
 
-/* The fields of one row's block: fp16 scales (2 bytes) and 16-byte runs of
- * code bytes, by offset. */
+/* The fields of one row's block: fp16 scales (2 bytes), 16-byte runs of
+ * code bytes, and Q5's 32 fifth bits (4 bytes; -1: none), by offset. */
 typedef struct pack_fields {
     int n_f16, n_codes;
     int f16[2], codes[2];
+    int qh;
 } pack_fields;
 
 static int fields_of(pack_fields *F, uint32_t type) {
     switch (type) {
-    case KKV_WT_Q4_0: *F = (pack_fields){1, 1, {0, 0}, {2, 0}}; return 1;
-    case KKV_WT_Q4_1: *F = (pack_fields){2, 1, {0, 2}, {4, 0}}; return 1;
-    case KKV_WT_Q8_0: *F = (pack_fields){1, 2, {0, 0}, {2, 18}}; return 1;
+    case KKV_WT_Q4_0: *F = (pack_fields){1, 1, {0, 0}, {2, 0}, -1}; return 1;
+    case KKV_WT_Q4_1: *F = (pack_fields){2, 1, {0, 2}, {4, 0}, -1}; return 1;
+    case KKV_WT_Q5_0: *F = (pack_fields){1, 1, {0, 0}, {6, 0}, 2}; return 1;
+    case KKV_WT_Q5_1: *F = (pack_fields){2, 1, {0, 2}, {8, 0}, 4}; return 1;
+    case KKV_WT_Q8_0: *F = (pack_fields){1, 2, {0, 0}, {2, 18}, -1}; return 1;
     default: return 0;
+    }
+}
+
+/* Q5's fifth bits of row r (qh, bit i: value i) in the order the kernels
+ * want them: byte 4r + k, bit g = the fifth bit of value 4g + k. The kernel's
+ * register g (g < 4: low nibbles, values 4g..; g >= 4: high nibbles, values
+ * 16 + 4(g - 4)..) holds value 4g + k in byte k of row r's lane, so one
+ * shift and mask of these bytes puts each value's bit 4 in place. */
+static void pack_qh(uint8_t *dst, const uint8_t *qh) {
+    uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+    for (int k = 0; k < 4; k++) {
+        unsigned byte = 0;
+        for (int g = 0; g < 8; g++) byte |= ((h >> (4 * g + k)) & 1u) << g;
+        dst[k] = (uint8_t)byte;
     }
 }
 
@@ -63,6 +81,7 @@ kkv_status kkv_wt_pack(void *dst, const kkv_weight *w, int R) {
                     for (int i = 0; i < 4; i++)
                         memcpy(out + Rz * (size_t)F.codes[f] + 4 * Rz * (size_t)i + 4 * (size_t)r,
                                blk + F.codes[f] + 4 * i, 4);
+                if (F.qh >= 0) pack_qh(out + Rz * (size_t)F.qh + 4 * (size_t)r, blk + F.qh);
             }
         }
     }

@@ -4,8 +4,10 @@
  * rp and nx x vectors, with the scalar reference's arithmetic per lane
  * (weights_rows_impl.h says how). The includer defines the RW_ names: the
  * vector types, their intrinsics, RW_ROWS_T (transposed code bytes) and
- * RW_ROWS_F16 (one fp16 per row), RW_DPBUSD where vpdpbusd is there; they
- * are undefined at the end. */
+ * RW_ROWS_F16 (one fp16 per row), RW_DPBUSD where vpdpbusd is there, and
+ * RW_ROWS_H (one register of kkv_wt_pack's transposed Q5 fifth bits) for
+ * the packed kernels, the only ones that read Q5_0 and Q5_1; they are
+ * undefined at the end. */
 
 /* acc = acc + (d_w * d_x) * (float)sumi, lane by lane, rounded as the scalar
  * code rounds it. */
@@ -51,7 +53,48 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
                 if (one) accm[j] = RW_ADDF(accm[j], RW_MUL(mw, RW_SETF(x->s)));
             }
         }
-    } else { /* KKV_WT_Q8_0 */
+    }
+#ifdef RW_ROWS_H
+    else if (type == KKV_WT_Q5_0 || type == KKV_WT_Q5_1) {
+        /* Q4's nibbles plus a fifth bit: byte k of row r's lane in register
+         * g (lo[0..3], then hi[0..3]) is value 4g + k, whose fifth bit is bit
+         * g of byte k of the lane in h (kkv_wt_pack). A 16-bit shift by 4 - g
+         * takes it to bit 4 without carrying a neighbour's bit there (|4 - g|
+         * <= 4, and bit 4 of a byte only ever receives bits of that byte). */
+        const int one = type == KKV_WT_Q5_1;
+        const size_t bb = one ? 24 : 22, hoff = one ? 4 : 2, qoff = one ? 8 : 6;
+        const RW_I m16 = RW_SET8(0x10);
+        for (int64_t b = 0; b < nb; b++) {
+            for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
+            const size_t o = bb * (size_t)b;
+            RW_F dw = RW_ROWS_F16(rp, o), mw = one ? RW_ROWS_F16(rp, o + 2) : RW_ZERO_F();
+            const RW_I h = RW_ROWS_H(rp, o + hoff);
+            RW_I t[4], lo[4], hi[4];
+            RW_ROWS_T(t, rp, o + qoff);
+            lo[0] = RW_OR(RW_AND(t[0], m4), RW_AND(RW_SLLI16(h, 4), m16)); /* values 0..3 */
+            lo[1] = RW_OR(RW_AND(t[1], m4), RW_AND(RW_SLLI16(h, 3), m16));
+            lo[2] = RW_OR(RW_AND(t[2], m4), RW_AND(RW_SLLI16(h, 2), m16));
+            lo[3] = RW_OR(RW_AND(t[3], m4), RW_AND(RW_SLLI16(h, 1), m16));
+            hi[0] = RW_OR(RW_AND(RW_SRLI16(t[0], 4), m4), RW_AND(h, m16)); /* values 16..19 */
+            hi[1] = RW_OR(RW_AND(RW_SRLI16(t[1], 4), m4), RW_AND(RW_SRLI16(h, 1), m16));
+            hi[2] = RW_OR(RW_AND(RW_SRLI16(t[2], 4), m4), RW_AND(RW_SRLI16(h, 2), m16));
+            hi[3] = RW_OR(RW_AND(RW_SRLI16(t[3], 4), m4), RW_AND(RW_SRLI16(h, 3), m16));
+            for (int j = 0; j < nx; j++) {
+                const kkv_q8x *x = &xq[j][b];
+                RW_I s0 = RW_ZERO_I(), s1 = RW_ZERO_I();
+                for (int i = 0; i < 4; i++) {
+                    s0 = RW_DPB(s0, lo[i], RW_X4(x, i));
+                    s1 = RW_DPB(s1, hi[i], RW_X4(x, 4 + i));
+                }
+                RW_I s = RW_ADD32(s0, s1); /* codes 0..31: exact, no int16 saturation */
+                if (!one) s = RW_SUB32(s, RW_SET32(16 * x->isum));
+                acc[j] = RW_ADD_BLOCK(acc[j], dw, x, s);
+                if (one) accm[j] = RW_ADDF(accm[j], RW_MUL(mw, RW_SETF(x->s)));
+            }
+        }
+    }
+#endif
+    else { /* KKV_WT_Q8_0 */
         for (int64_t b = 0; b < nb; b++) {
             for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
             const size_t o = 34 * (size_t)b;
@@ -111,4 +154,7 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
 #undef RW_STORE
 #undef RW_ROWS_T
 #undef RW_ROWS_F16
+#undef RW_ROWS_H
 #undef RW_DPBUSD
+#undef RW_OR
+#undef RW_SLLI16

@@ -1,4 +1,5 @@
-/* Eight weight rows at once for Q4_0, Q4_1 and Q8_0 (part of
+/* Eight weight rows at once for Q4_0, Q4_1 and Q8_0, and for Q5_0 and Q5_1
+ * packed (part of
  * weights_avx2_impl.h; built in each of its three kernel sets), and sixteen
  * in the AVX-512 VNNI set (KKV_WT_ZMM, below). One body for both widths:
  * weights_rows_body.h.
@@ -14,7 +15,7 @@
  *
  * Arithmetic: per row, exactly the scalar reference's (weights.c
  * sdot_row_q): block by block, acc += (d_w * d_x) * (float)sumi and, for
- * Q4_1, accm += m_w * s_x, then acc + accm, each operation rounded once as
+ * Q4_1 and Q5_1, accm += m_w * s_x, then acc + accm, each operation rounded once as
  * there (the build has -ffp-contract=off). So these kernels give the scalar
  * kernels' bits, whatever the row's neighbours, the batch or the threads.
  *
@@ -110,34 +111,44 @@ static inline __m256 pk8_f16(const uint8_t *const *rp, size_t off) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(rp[0] + WT_ROWS * off)));
 }
 
+/* The group's transposed Q5 fifth bits (4 bytes per row) at field offset off. */
+static inline __m256i pk8_h(const uint8_t *const *rp, size_t off) {
+    return _mm256_loadu_si256((const __m256i *)(const void *)(rp[0] + WT_ROWS * off));
+}
+
 #define RW_FN       pk8_q_nx
 #define RW_ROWS_T   pk8_16
 #define RW_ROWS_F16 pk8_f16
+#define RW_ROWS_H   pk8_h
 #include "model/weights_rows_ymm.h"
 #include "model/weights_rows_body.h"
 #endif
 
+/* Types the row-block kernels read as rows side by side, and packed. */
 static int rows_covers(uint32_t type) {
     return type == KKV_WT_Q4_0 || type == KKV_WT_Q4_1 || type == KKV_WT_Q8_0;
 }
+static int pack_covers(uint32_t type) {
+    return rows_covers(type) || type == KKV_WT_Q5_0 || type == KKV_WT_Q5_1;
+}
 
 /* A table entry `name` (the dot_q_rows signature) running kernel body fn:
- * 0 for a type it does not cover, 1 without work for nx == 0 (the question
+ * 0 for a type covers() refuses, 1 without work for nx == 0 (the question
  * alone). */
-#define ROWS_ENTRY(name, fn)                                                                         \
+#define ROWS_ENTRY(name, fn, covers)                                                                 \
     static int name(float *res, uint32_t type, const uint8_t *const *rows, int64_t cols,           \
                     const kkv_q8x *const *xq, int nx, const uint8_t *pf, const uint8_t *pf_end) { \
-        if (!rows_covers(type)) return 0;                                                          \
+        if (!covers(type)) return 0;                                                               \
         if (nx == 0) return 1;                                                                     \
         int64_t nb = cols / 32;                                                                    \
         ROWS_NX_SWITCH(fn);                                                                        \
         return 1;                                                                                  \
     }
 
-ROWS_ENTRY(avx2_dot_q_rows, rows_q_nx)
+ROWS_ENTRY(avx2_dot_q_rows, rows_q_nx, rows_covers)
 
 #ifndef KKV_WT_ZMM
-ROWS_ENTRY(avx2_dot_q_pack8, pk8_q_nx)
+ROWS_ENTRY(avx2_dot_q_pack8, pk8_q_nx, pack_covers)
 #endif
 
 #ifdef KKV_WT_ZMM
@@ -194,13 +205,18 @@ static inline __m512 pk16_f16(const uint8_t *const *rp, size_t off) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(rp[0] + KKV_WT_ROWS16 * off)));
 }
 
+static inline __m512i pk16_h(const uint8_t *const *rp, size_t off) {
+    return _mm512_loadu_si512(rp[0] + KKV_WT_ROWS16 * off);
+}
+
 #define RW_FN       pk16_q_nx
 #define RW_ROWS_T   pk16_16
 #define RW_ROWS_F16 pk16_f16
+#define RW_ROWS_H   pk16_h
 #include "model/weights_rows_zmm.h"
 #include "model/weights_rows_body.h"
 
-ROWS_ENTRY(zmm_dot_q_pack16, pk16_q_nx)
+ROWS_ENTRY(zmm_dot_q_pack16, pk16_q_nx, pack_covers)
 
-ROWS_ENTRY(zmm_dot_q_rows16, rows16_q_nx)
+ROWS_ENTRY(zmm_dot_q_rows16, rows16_q_nx, rows_covers)
 #endif

@@ -13,6 +13,8 @@
 #define RW_AND    _mm512_and_si512
 #define RW_XOR    _mm512_xor_si512
 #define RW_SRLI16 _mm512_srli_epi16
+#define RW_SLLI16 _mm512_slli_epi16
+#define RW_OR     _mm512_or_si512
 #define RW_ADD32  _mm512_add_epi32
 #define RW_SUB32  _mm512_sub_epi32
 #define RW_DPB    _mm512_dpbusd_epi32
