@@ -1,5 +1,5 @@
-/* kkv_wt_pack: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows rearranged into the
- * packed layout of weights.h (the blocks of R rows, field by field; the
+/* kkv_wt_pack: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K rows rearranged into
+ * the packed layout of weights.h (the blocks of R rows, field by field; the
  * fifth bits of Q5 transposed). Plain C: the layout is the same on every
  * CPU, only the kernels that read it differ. */
 #include <stdint.h>
@@ -8,21 +8,25 @@
 #include "core/status.h"
 #include "model/weights.h"
 
-/* The fields of one row's block: fp16 scales (2 bytes), 16-byte runs of
- * code bytes, and Q5's 32 fifth bits (4 bytes; -1: none), by offset. */
+/* The fields of one row's block, by offset: fp16 scales (2 bytes), runs of
+ * bytes taken 4 at a time (codes; the K-quants' scale bytes), and Q5's 32 fifth
+ * bits (4 bytes; -1: none). Together they cover the block. */
 typedef struct pack_fields {
-    int n_f16, n_codes;
-    int f16[2], codes[2];
+    int n_f16, n_runs;
+    int f16[2];
+    int run[3][2]; /* [run]: offset, length (a multiple of 4) */
     int qh;
 } pack_fields;
 
 static int fields_of(pack_fields *F, uint32_t type) {
     switch (type) {
-    case KKV_WT_Q4_0: *F = (pack_fields){1, 1, {0, 0}, {2, 0}, -1}; return 1;
-    case KKV_WT_Q4_1: *F = (pack_fields){2, 1, {0, 2}, {4, 0}, -1}; return 1;
-    case KKV_WT_Q5_0: *F = (pack_fields){1, 1, {0, 0}, {6, 0}, 2}; return 1;
-    case KKV_WT_Q5_1: *F = (pack_fields){2, 1, {0, 2}, {8, 0}, 4}; return 1;
-    case KKV_WT_Q8_0: *F = (pack_fields){1, 2, {0, 0}, {2, 18}, -1}; return 1;
+    case KKV_WT_Q4_0: *F = (pack_fields){1, 1, {0, 0}, {{2, 16}}, -1}; return 1;
+    case KKV_WT_Q4_1: *F = (pack_fields){2, 1, {0, 2}, {{4, 16}}, -1}; return 1;
+    case KKV_WT_Q5_0: *F = (pack_fields){1, 1, {0, 0}, {{6, 16}}, 2}; return 1;
+    case KKV_WT_Q5_1: *F = (pack_fields){2, 1, {0, 2}, {{8, 16}}, 4}; return 1;
+    case KKV_WT_Q8_0: *F = (pack_fields){1, 1, {0, 0}, {{2, 32}}, -1}; return 1;
+    case KKV_WT_Q4_K: *F = (pack_fields){2, 2, {0, 2}, {{4, 12}, {16, 128}}, -1}; return 1;
+    case KKV_WT_Q6_K: *F = (pack_fields){1, 3, {208, 0}, {{0, 128}, {128, 64}, {192, 16}}, -1}; return 1;
     default: return 0;
     }
 }
@@ -66,7 +70,7 @@ kkv_status kkv_wt_pack(void *dst, const kkv_weight *w, int R) {
     if (!fields_of(&F, w->type))
         return kkv_fail(KKV_ERR_UNSUPPORTED, "pack: no packed layout for type %s (%u)",
                         kkv_wt_name(w->type) ? kkv_wt_name(w->type) : "?", w->type);
-    const size_t bb = kkv_wt_block_bytes(w->type), nb = (size_t)(w->cols / 32);
+    const size_t bb = kkv_wt_block_bytes(w->type), nb = (size_t)(w->cols / kkv_wt_block_elems(w->type));
     const uint8_t *src = w->data;
     const size_t Rz = (size_t)R;
     uint8_t *out = dst; /* [groups][nb][R * bb] */
@@ -77,10 +81,10 @@ kkv_status kkv_wt_pack(void *dst, const kkv_weight *w, int R) {
                 const uint8_t *blk = src + (size_t)row * w->row_bytes + b * bb;
                 for (int f = 0; f < F.n_f16; f++)
                     memcpy(out + Rz * (size_t)F.f16[f] + 2 * (size_t)r, blk + F.f16[f], 2);
-                for (int f = 0; f < F.n_codes; f++)
-                    for (int i = 0; i < 4; i++)
-                        memcpy(out + Rz * (size_t)F.codes[f] + 4 * Rz * (size_t)i + 4 * (size_t)r,
-                               blk + F.codes[f] + 4 * i, 4);
+                for (int f = 0; f < F.n_runs; f++)
+                    for (int i = 0; i < F.run[f][1] / 4; i++)
+                        memcpy(out + Rz * (size_t)F.run[f][0] + 4 * Rz * (size_t)i + 4 * (size_t)r,
+                               blk + F.run[f][0] + 4 * i, 4);
                 if (F.qh >= 0) pack_qh(out + Rz * (size_t)F.qh + 4 * (size_t)r, blk + F.qh);
             }
         }

@@ -5,8 +5,8 @@
  * (weights_rows_impl.h says how). The includer defines the RW_ names: the
  * vector types, their intrinsics, RW_ROWS_T (transposed code bytes) and
  * RW_ROWS_F16 (one fp16 per row), RW_DPBUSD where vpdpbusd is there, and
- * RW_ROWS_H (one register of kkv_wt_pack's transposed Q5 fifth bits) for
- * the packed kernels, the only ones that read Q5_0 and Q5_1; they are
+ * RW_ROWS_G (register i of a packed field read 4 bytes at a time) for the
+ * packed kernels, the only ones that read Q5_0, Q5_1, Q4_K and Q6_K; they are
  * undefined at the end. */
 
 /* acc = acc + (d_w * d_x) * (float)sumi, lane by lane, rounded as the scalar
@@ -54,7 +54,7 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
             }
         }
     }
-#ifdef RW_ROWS_H
+#ifdef RW_ROWS_G
     else if (type == KKV_WT_Q5_0 || type == KKV_WT_Q5_1) {
         /* Q4's nibbles plus a fifth bit: byte k of row r's lane in register
          * g (lo[0..3], then hi[0..3]) is value 4g + k, whose fifth bit is bit
@@ -68,7 +68,7 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
             for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
             const size_t o = bb * (size_t)b;
             RW_F dw = RW_ROWS_F16(rp, o), mw = one ? RW_ROWS_F16(rp, o + 2) : RW_ZERO_F();
-            const RW_I h = RW_ROWS_H(rp, o + hoff);
+            const RW_I h = RW_ROWS_G(rp, o + hoff, 0);
             RW_I t[4], lo[4], hi[4];
             RW_ROWS_T(t, rp, o + qoff);
             lo[0] = RW_OR(RW_AND(t[0], m4), RW_AND(RW_SLLI16(h, 4), m16)); /* values 0..3 */
@@ -90,6 +90,92 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
                 if (!one) s = RW_SUB32(s, RW_SET32(16 * x->isum));
                 acc[j] = RW_ADD_BLOCK(acc[j], dw, x, s);
                 if (one) accm[j] = RW_ADDF(accm[j], RW_MUL(mw, RW_SETF(x->s)));
+            }
+        }
+    } else if (type == KKV_WT_Q4_K) {
+        /* Super-blocks of 256 values (144 bytes): fp16 d, dmin, 12 bytes of
+         * 6-bit sub-block scales and mins, then 128 code bytes, sub-block k
+         * in the low (k even) or high nibbles of bytes 32 (k / 2) ... Per
+         * block, as the scalar code: sumi = scale_k * (codes . x), exact in
+         * int32 (vpmaddwd by the scale instead of by 1), acc += (d * d_x) *
+         * sumi; accm -= (dmin * d_x) * (min_k * isum), where min_k * isum
+         * (< 2^18) is exact in fp32 either way. */
+        const RW_I m6 = RW_SET8(0x3f), m30 = RW_SET8(0x30), mff = RW_SET32(0xff);
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const size_t o = 144 * (size_t)sb;
+            RW_F dw = RW_ROWS_F16(rp, o), dmw = RW_ROWS_F16(rp, o + 2);
+            const RW_I s0 = RW_ROWS_G(rp, o + 4, 0), s1 = RW_ROWS_G(rp, o + 4, 1), s2 = RW_ROWS_G(rp, o + 4, 2);
+            /* bytes k of each lane: scales and mins of sub-blocks k (lo) and 4 + k (hi) */
+            const RW_I sc_lo = RW_AND(s0, m6), mn_lo = RW_AND(s1, m6);
+            const RW_I sc_hi = RW_OR(RW_AND(s2, m4), RW_AND(RW_SRLI16(s0, 2), m30));
+            const RW_I mn_hi = RW_OR(RW_AND(RW_SRLI16(s2, 4), m4), RW_AND(RW_SRLI16(s1, 2), m30));
+            for (int kp = 0; kp < 4; kp++) {
+                for (int64_t i = 0; i < 2 * pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
+                RW_I c[8];
+                for (int i = 0; i < 8; i++) c[i] = RW_ROWS_G(rp, o + 16 + 32 * (size_t)kp, i);
+                for (int e = 0; e < 2; e++) {
+                    const int k = 2 * kp + e;
+                    const RW_I scs = k < 4 ? sc_lo : sc_hi, mns = k < 4 ? mn_lo : mn_hi;
+                    const RW_I sc = RW_AND(RW_SRLI32(scs, 8 * (k & 3)), mff);
+                    const RW_I scw = RW_OR(sc, RW_SLLI32(sc, 16)); /* (scale, scale) int16 */
+                    const RW_F mnf = RW_CVT(RW_AND(RW_SRLI32(mns, 8 * (k & 3)), mff));
+                    RW_I q[8];
+                    for (int i = 0; i < 8; i++) q[i] = e ? RW_AND(RW_SRLI16(c[i], 4), m4) : RW_AND(c[i], m4);
+                    for (int j = 0; j < nx; j++) {
+                        const kkv_q8x *x = &xq[j][8 * sb + k];
+                        RW_I s = RW_ZERO_I();
+                        for (int i = 0; i < 8; i++) s = RW_ADD32(s, RW_MADD(RW_MADDUBS(q[i], RW_X4(x, i)), scw));
+                        acc[j] = RW_ADD_BLOCK(acc[j], dw, x, s);
+                        accm[j] = RW_SUBF(accm[j], RW_MUL(RW_MUL(dmw, RW_SETF(x->d)),
+                                                          RW_MUL(mnf, RW_SETF((float)x->isum))));
+                    }
+                }
+            }
+        }
+    } else if (type == KKV_WT_Q6_K) {
+        /* Super-blocks of 256 values (210 bytes): ql[128], qh[64], 16 int8
+         * scales (one per 16 values), fp16 d. Block k (half h = k / 4,
+         * quarter q = k % 4): the low (q < 2) or high nibbles of ql[64 h +
+         * 32 (q % 2) ..] with bits 2q, 2q + 1 of qh[32 h ..] above them, codes
+         * 0..63 for values code - 32. As the scalar code: sumi = sc0 (codes .
+         * x - 32 isum16) + sc1 (... over values 16..31), exact in int32:
+         * vpmaddwd by each half's scale, and the offsets as one vpmaddwd of
+         * (sc0, sc1) by (isum16, isum - isum16). acc += (d * d_x) * sumi. */
+        const RW_I m30 = RW_SET8(0x30), mlo = RW_SET32(0xffff);
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const size_t o = 210 * (size_t)sb;
+            RW_F dw = RW_ROWS_F16(rp, o + 208);
+            for (int k = 0; k < 8; k++) {
+                for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
+                const int h = k >> 2, q = k & 3;
+                RW_I c[8];
+                for (int i = 0; i < 8; i++) {
+                    RW_I l = RW_ROWS_G(rp, o + 64 * (size_t)h + 32 * (size_t)(q & 1), i);
+                    RW_I u = RW_ROWS_G(rp, o + 128 + 32 * (size_t)h, i);
+                    l = q & 2 ? RW_AND(RW_SRLI16(l, 4), m4) : RW_AND(l, m4);
+                    /* bits 2q, 2q + 1 of each qh byte to bits 4, 5 (16-bit
+                     * shifts by <= 4 bring no neighbour's bit there) */
+                    u = q == 0 ? RW_SLLI16(u, 4) : q == 1 ? RW_SLLI16(u, 2) : q == 2 ? u : RW_SRLI16(u, 2);
+                    c[i] = RW_OR(l, RW_AND(u, m30));
+                }
+                /* int8 scales 2k, 2k + 1: bytes 2 (k % 2), + 1 of register k / 2 */
+                const RW_I v = RW_SRLI32(RW_ROWS_G(rp, o + 192, k >> 1), 16 * (k & 1));
+                const RW_I sc0 = RW_SRAI16(RW_SLLI16(v, 8), 8), sc1 = RW_SRAI16(v, 8); /* low words */
+                const RW_I scw0 = RW_OR(RW_AND(sc0, mlo), RW_SLLI32(sc0, 16));
+                const RW_I scw1 = RW_OR(RW_AND(sc1, mlo), RW_SLLI32(sc1, 16));
+                const RW_I scp = RW_OR(RW_AND(sc0, mlo), RW_SLLI32(sc1, 16));
+                for (int j = 0; j < nx; j++) {
+                    const kkv_q8x *x = &xq[j][8 * sb + k];
+                    RW_I s = RW_ZERO_I();
+                    for (int i = 0; i < 8; i++)
+                        s = RW_ADD32(s, RW_MADD(RW_MADDUBS(c[i], RW_X4(x, i)), i < 4 ? scw0 : scw1));
+                    /* |isum16|, |isum - isum16| <= 16 * 127: int16 */
+                    const uint32_t isp = (uint32_t)(uint16_t)(int16_t)x->isum16 |
+                                         (uint32_t)(uint16_t)(int16_t)(x->isum - x->isum16) << 16;
+                    const RW_I off = RW_MADD(scp, RW_SET32((int)isp));
+                    s = RW_SUB32(s, RW_SLLI32(off, 5));
+                    acc[j] = RW_ADD_BLOCK(acc[j], dw, x, s);
+                }
             }
         }
     }
@@ -154,7 +240,13 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
 #undef RW_STORE
 #undef RW_ROWS_T
 #undef RW_ROWS_F16
-#undef RW_ROWS_H
+#undef RW_ROWS_G
 #undef RW_DPBUSD
 #undef RW_OR
 #undef RW_SLLI16
+#undef RW_SRLI32
+#undef RW_SRAI16
+#undef RW_SLLI32
+#undef RW_MADDUBS
+#undef RW_MADD
+#undef RW_SUBF

@@ -1,5 +1,5 @@
-/* Eight weight rows at once for Q4_0, Q4_1 and Q8_0, and for Q5_0 and Q5_1
- * packed (part of
+/* Eight weight rows at once for Q4_0, Q4_1 and Q8_0, and for Q5_0, Q5_1,
+ * Q4_K and Q6_K packed (part of
  * weights_avx2_impl.h; built in each of its three kernel sets), and sixteen
  * in the AVX-512 VNNI set (KKV_WT_ZMM, below). One body for both widths:
  * weights_rows_body.h.
@@ -15,7 +15,8 @@
  *
  * Arithmetic: per row, exactly the scalar reference's (weights.c
  * sdot_row_q): block by block, acc += (d_w * d_x) * (float)sumi and, for
- * Q4_1 and Q5_1, accm += m_w * s_x, then acc + accm, each operation rounded once as
+ * Q4_1 and Q5_1, accm += m_w * s_x (Q4_K: accm -= (dmin_w * d_x) * mins),
+ * then acc + accm, each operation rounded once as
  * there (the build has -ffp-contract=off). So these kernels give the scalar
  * kernels' bits, whatever the row's neighbours, the batch or the threads.
  *
@@ -111,15 +112,16 @@ static inline __m256 pk8_f16(const uint8_t *const *rp, size_t off) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(rp[0] + WT_ROWS * off)));
 }
 
-/* The group's transposed Q5 fifth bits (4 bytes per row) at field offset off. */
-static inline __m256i pk8_h(const uint8_t *const *rp, size_t off) {
-    return _mm256_loadu_si256((const __m256i *)(const void *)(rp[0] + WT_ROWS * off));
+/* Register i of a packed field at offset off read 4 bytes at a time: bytes
+ * 4i..4i+3 of row r in lane r (Q5's transposed fifth bits: i = 0). */
+static inline __m256i pk8_g(const uint8_t *const *rp, size_t off, int i) {
+    return _mm256_loadu_si256((const __m256i *)(const void *)(rp[0] + WT_ROWS * off + 32 * (size_t)i));
 }
 
 #define RW_FN       pk8_q_nx
 #define RW_ROWS_T   pk8_16
 #define RW_ROWS_F16 pk8_f16
-#define RW_ROWS_H   pk8_h
+#define RW_ROWS_G   pk8_g
 #include "model/weights_rows_ymm.h"
 #include "model/weights_rows_body.h"
 #endif
@@ -129,7 +131,8 @@ static int rows_covers(uint32_t type) {
     return type == KKV_WT_Q4_0 || type == KKV_WT_Q4_1 || type == KKV_WT_Q8_0;
 }
 static int pack_covers(uint32_t type) {
-    return rows_covers(type) || type == KKV_WT_Q5_0 || type == KKV_WT_Q5_1;
+    return rows_covers(type) || type == KKV_WT_Q5_0 || type == KKV_WT_Q5_1 || type == KKV_WT_Q4_K ||
+           type == KKV_WT_Q6_K;
 }
 
 /* A table entry `name` (the dot_q_rows signature) running kernel body fn:
@@ -205,14 +208,14 @@ static inline __m512 pk16_f16(const uint8_t *const *rp, size_t off) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(rp[0] + KKV_WT_ROWS16 * off)));
 }
 
-static inline __m512i pk16_h(const uint8_t *const *rp, size_t off) {
-    return _mm512_loadu_si512(rp[0] + KKV_WT_ROWS16 * off);
+static inline __m512i pk16_g(const uint8_t *const *rp, size_t off, int i) {
+    return _mm512_loadu_si512(rp[0] + KKV_WT_ROWS16 * off + 64 * (size_t)i);
 }
 
 #define RW_FN       pk16_q_nx
 #define RW_ROWS_T   pk16_16
 #define RW_ROWS_F16 pk16_f16
-#define RW_ROWS_H   pk16_h
+#define RW_ROWS_G   pk16_g
 #include "model/weights_rows_zmm.h"
 #include "model/weights_rows_body.h"
 

@@ -12,6 +12,12 @@
 #define RW_AND    _mm256_and_si256
 #define RW_XOR    _mm256_xor_si256
 #define RW_SRLI16 _mm256_srli_epi16
+#define RW_SRLI32 _mm256_srli_epi32
+#define RW_SRAI16 _mm256_srai_epi16
+#define RW_SLLI32 _mm256_slli_epi32
+#define RW_MADDUBS _mm256_maddubs_epi16
+#define RW_MADD   _mm256_madd_epi16
+#define RW_SUBF   _mm256_sub_ps
 #define RW_SLLI16 _mm256_slli_epi16
 #define RW_OR     _mm256_or_si256
 #define RW_ADD32  _mm256_add_epi32

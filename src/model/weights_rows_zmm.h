@@ -13,6 +13,12 @@
 #define RW_AND    _mm512_and_si512
 #define RW_XOR    _mm512_xor_si512
 #define RW_SRLI16 _mm512_srli_epi16
+#define RW_SRLI32 _mm512_srli_epi32
+#define RW_SRAI16 _mm512_srai_epi16
+#define RW_SLLI32 _mm512_slli_epi32
+#define RW_MADDUBS _mm512_maddubs_epi16
+#define RW_MADD   _mm512_madd_epi16
+#define RW_SUBF   _mm512_sub_ps
 #define RW_SLLI16 _mm512_slli_epi16
 #define RW_OR     _mm512_or_si512
 #define RW_ADD32  _mm512_add_epi32
