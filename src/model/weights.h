@@ -82,10 +82,10 @@ typedef enum kkv_wt_impl {
  *    Q2_K/Q4_K/Q5_K subtract (dmin_w * d_x) * (integer sub-block mins times
  *    the sums of x's quants over each sub-block).
  *  The scalar kernels add the block terms in order. For Q4_0, Q4_1, Q5_0,
- *  Q5_1, Q8_0, Q4_K and Q6_K the SIMD kernels do the same (8 or 16 rows at
- *  once, one per lane; rows of the last four that are not packed one row at
- *  a time, each block's integer sum first) and give the scalar bits; for the
- *  other types (Q2_K, Q3_K, Q5_K) they keep 8 fp32 lanes per row and
+ *  Q5_1, Q8_0, Q4_K, Q5_K and Q6_K the SIMD kernels do the same (8 or 16 rows
+ *  at once, one per lane; rows of the last five that are not packed one row
+ *  at a time, each block's integer sum first) and give the scalar bits; for
+ *  the other types (Q2_K, Q3_K) they keep 8 fp32 lanes per row and
  *  add them at the end, so SIMD and scalar agree to within about 1e-6 *
  *  sum|terms| (tests hold them to 2e-5 relative to sum|terms|).
  *  Within one impl each output depends only on (its row, its x vector): not
@@ -102,7 +102,7 @@ kkv_status kkv_matmul_ex(kkv_tp *tp, float *out, const kkv_weight *w, const floa
 kkv_status kkv_matmul_multi(kkv_tp *tp, int nw, float *const *out, const kkv_weight *const *w,
                             const float *x, int n, kkv_wt_impl impl);
 
-/* Packed weights. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K rows in groups of R (8 or 16, the
+/* Packed weights. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K rows in groups of R (8 or 16, the
  * lanes of the row-block kernel that reads them): for each group and column
  * block, the group's R copies of that block field by field, so that the
  * kernel loads what it would otherwise transpose. A field at offset f of a

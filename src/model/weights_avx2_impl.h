@@ -3,7 +3,7 @@
  * compiled for its level and run only where kkv_cpu_get() has it). Q4_0, Q4_1
  * and Q8_0 take eight rows at once (sixteen in the AVX-512 VNNI build, for
  * batches) with the scalar kernels' arithmetic (weights_rows_impl.h), and so
- * do Q5_0, Q5_1, Q4_K and Q6_K packed (the one-row kernel keeps that
+ * do Q5_0, Q5_1, Q4_K, Q5_K and Q6_K packed (the one-row kernel keeps that
  * arithmetic for them). The other types: the scalar arithmetic except the
  * order of the fp32 additions: each (weight block, activation block) product
  * is exact in int32, scaled by d_w * d_x and added into 8 fp32 lanes that are
@@ -295,18 +295,21 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
             }
         }
         break;
-    case KKV_WT_Q4_K: {
+    case KKV_WT_Q4_K:
+    case KKV_WT_Q5_K: {
         /* the scalar arithmetic, as the packed kernel that a model's Q4_K
-         * weights take (weights_rows_body.h): the same bits packed or not */
+         * and Q5_K weights take (weights_rows_body.h): the same bits packed
+         * or not */
+        const int five = type == KKV_WT_Q5_K;
         float accs[KKV_WT_NX];
         for (int j = 0; j < nx; j++) accs[j] = 0.0f;
         for (int64_t sb = 0; sb < nb / 8; sb++) {
-            const uint8_t *wb = row + 144 * (size_t)sb;
+            const uint8_t *wb = row + (five ? 176 : 144) * (size_t)sb;
             float d = f16_at(wb), dmin = f16_at(wb + 2);
             for (int k = 0; k < 8; k++) {
                 int sc, mn;
                 k4_scale_min(wb + 4, k, &sc, &mn);
-                __m256i w = q45k_block(wb, k, 0);
+                __m256i w = q45k_block(wb, k, five);
                 for (int j = 0; j < nx; j++) {
                     const kkv_q8x *x = &xq[j][8 * sb + k];
                     int32_t si = sc * hsum_epi32(dot4_u8s8(w, _mm256_loadu_si256((const __m256i *)x->q)));
@@ -317,28 +320,6 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
         }
         for (int j = 0; j < nx; j++) res[j] = accs[j] + accm[j];
         return;
-    }
-    case KKV_WT_Q5_K: {
-        for (int64_t sb = 0; sb < nb / 8; sb++) {
-            const uint8_t *wb = row + 176 * (size_t)sb;
-            int sc[8], mn[8];
-            for (int k = 0; k < 8; k++) k4_scale_min(wb + 4, k, &sc[k], &mn[k]);
-            float d = f16_at(wb), dmin = f16_at(wb + 2);
-            const __m256 dv = _mm256_set1_ps(d);
-            for (int k = 0; k < 8; k++) {
-                int64_t b = 8 * sb + k;
-                __m256i w = q45k_block(wb, k, 1);
-                __m256i scales = _mm256_set1_epi16((short)sc[k]);
-                for (int j = 0; j < nx; j++) {
-                    const kkv_q8x *x = &xq[j][b];
-                    __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x->q));
-                    __m256i s = _mm256_madd_epi16(p, scales);
-                    acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
-                    accm[j] -= (dmin * x->d) * (float)(mn[k] * x->isum);
-                }
-            }
-        }
-        break;
     }
     default: break;
     }

@@ -1,4 +1,4 @@
-/* kkv_wt_pack: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K rows rearranged into
+/* kkv_wt_pack: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K rows rearranged into
  * the packed layout of weights.h (the blocks of R rows, field by field; the
  * fifth bits of Q5 transposed). Plain C: the layout is the same on every
  * CPU, only the kernels that read it differ. */
@@ -26,6 +26,7 @@ static int fields_of(pack_fields *F, uint32_t type) {
     case KKV_WT_Q5_1: *F = (pack_fields){2, 1, {0, 2}, {{8, 16}}, 4}; return 1;
     case KKV_WT_Q8_0: *F = (pack_fields){1, 1, {0, 0}, {{2, 32}}, -1}; return 1;
     case KKV_WT_Q4_K: *F = (pack_fields){2, 2, {0, 2}, {{4, 12}, {16, 128}}, -1}; return 1;
+    case KKV_WT_Q5_K: *F = (pack_fields){2, 3, {0, 2}, {{4, 12}, {16, 32}, {48, 128}}, -1}; return 1;
     case KKV_WT_Q6_K: *F = (pack_fields){1, 3, {208, 0}, {{0, 128}, {128, 64}, {192, 16}}, -1}; return 1;
     default: return 0;
     }

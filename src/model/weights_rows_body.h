@@ -6,7 +6,7 @@
  * vector types, their intrinsics, RW_ROWS_T (transposed code bytes) and
  * RW_ROWS_F16 (one fp16 per row), RW_DPBUSD where vpdpbusd is there, and
  * RW_ROWS_G (register i of a packed field read 4 bytes at a time) for the
- * packed kernels, the only ones that read Q5_0, Q5_1, Q4_K and Q6_K; they are
+ * packed kernels, the only ones that read Q5_0, Q5_1 and the K-quants; they are
  * undefined at the end. */
 
 /* acc = acc + (d_w * d_x) * (float)sumi, lane by lane, rounded as the scalar
@@ -92,17 +92,23 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
                 if (one) accm[j] = RW_ADDF(accm[j], RW_MUL(mw, RW_SETF(x->s)));
             }
         }
-    } else if (type == KKV_WT_Q4_K) {
+    } else if (type == KKV_WT_Q4_K || type == KKV_WT_Q5_K) {
         /* Super-blocks of 256 values (144 bytes): fp16 d, dmin, 12 bytes of
          * 6-bit sub-block scales and mins, then 128 code bytes, sub-block k
-         * in the low (k even) or high nibbles of bytes 32 (k / 2) ... Per
+         * in the low (k even) or high nibbles of bytes 32 (k / 2) ... Q5_K
+         * (176 bytes) has 32 bytes qh before the codes: bit k of qh[l] is the
+         * fifth bit of sub-block k's value l, and register i of qh holds the
+         * same values as register i of the codes, so a 16-bit shift by 4 - k
+         * and a mask put it in place (as for Q5_0, no neighbour's bit). Per
          * block, as the scalar code: sumi = scale_k * (codes . x), exact in
          * int32 (vpmaddwd by the scale instead of by 1), acc += (d * d_x) *
          * sumi; accm -= (dmin * d_x) * (min_k * isum), where min_k * isum
          * (< 2^18) is exact in fp32 either way. */
-        const RW_I m6 = RW_SET8(0x3f), m30 = RW_SET8(0x30), mff = RW_SET32(0xff);
+        const int five = type == KKV_WT_Q5_K;
+        const size_t bb = five ? 176 : 144, qoff = five ? 48 : 16;
+        const RW_I m6 = RW_SET8(0x3f), m30 = RW_SET8(0x30), mff = RW_SET32(0xff), m16 = RW_SET8(0x10);
         for (int64_t sb = 0; sb < nb / 8; sb++) {
-            const size_t o = 144 * (size_t)sb;
+            const size_t o = bb * (size_t)sb;
             RW_F dw = RW_ROWS_F16(rp, o), dmw = RW_ROWS_F16(rp, o + 2);
             const RW_I s0 = RW_ROWS_G(rp, o + 4, 0), s1 = RW_ROWS_G(rp, o + 4, 1), s2 = RW_ROWS_G(rp, o + 4, 2);
             /* bytes k of each lane: scales and mins of sub-blocks k (lo) and 4 + k (hi) */
@@ -112,7 +118,7 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
             for (int kp = 0; kp < 4; kp++) {
                 for (int64_t i = 0; i < 2 * pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
                 RW_I c[8];
-                for (int i = 0; i < 8; i++) c[i] = RW_ROWS_G(rp, o + 16 + 32 * (size_t)kp, i);
+                for (int i = 0; i < 8; i++) c[i] = RW_ROWS_G(rp, o + qoff + 32 * (size_t)kp, i);
                 for (int e = 0; e < 2; e++) {
                     const int k = 2 * kp + e;
                     const RW_I scs = k < 4 ? sc_lo : sc_hi, mns = k < 4 ? mn_lo : mn_hi;
@@ -120,7 +126,14 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
                     const RW_I scw = RW_OR(sc, RW_SLLI32(sc, 16)); /* (scale, scale) int16 */
                     const RW_F mnf = RW_CVT(RW_AND(RW_SRLI32(mns, 8 * (k & 3)), mff));
                     RW_I q[8];
-                    for (int i = 0; i < 8; i++) q[i] = e ? RW_AND(RW_SRLI16(c[i], 4), m4) : RW_AND(c[i], m4);
+                    for (int i = 0; i < 8; i++) {
+                        q[i] = e ? RW_AND(RW_SRLI16(c[i], 4), m4) : RW_AND(c[i], m4);
+                        if (five) {
+                            RW_I h = RW_ROWS_G(rp, o + 16, i);
+                            h = k < 4 ? RW_SLLI16(h, 4 - k) : k == 4 ? h : RW_SRLI16(h, k - 4);
+                            q[i] = RW_OR(q[i], RW_AND(h, m16));
+                        }
+                    }
                     for (int j = 0; j < nx; j++) {
                         const kkv_q8x *x = &xq[j][8 * sb + k];
                         RW_I s = RW_ZERO_I();

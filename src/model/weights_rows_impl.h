@@ -1,5 +1,5 @@
 /* Eight weight rows at once for Q4_0, Q4_1 and Q8_0, and for Q5_0, Q5_1,
- * Q4_K and Q6_K packed (part of
+ * Q4_K, Q5_K and Q6_K packed (part of
  * weights_avx2_impl.h; built in each of its three kernel sets), and sixteen
  * in the AVX-512 VNNI set (KKV_WT_ZMM, below). One body for both widths:
  * weights_rows_body.h.
@@ -132,7 +132,7 @@ static int rows_covers(uint32_t type) {
 }
 static int pack_covers(uint32_t type) {
     return rows_covers(type) || type == KKV_WT_Q5_0 || type == KKV_WT_Q5_1 || type == KKV_WT_Q4_K ||
-           type == KKV_WT_Q6_K;
+           type == KKV_WT_Q5_K || type == KKV_WT_Q6_K;
 }
 
 /* A table entry `name` (the dot_q_rows signature) running kernel body fn:
