@@ -252,6 +252,7 @@ _decl(model, "kkv_model_free", None, c_void_p)
 _decl(model, "kkv_model_get_info", None, c_void_p, POINTER(ModelInfo))
 _decl(model, "kkv_model_set_exact_matmul", st, c_void_p, c_int)
 model_fingerprint = _opt(model, "kkv_model_fingerprint", c_uint64, c_void_p)
+model_decode_bytes = _opt(model, "kkv_model_decode_bytes", c_uint64, c_void_p)
 _decl(model, "kkv_model_cache_config", CacheConfig, c_void_p, POINTER(Method), c_size_t)
 _decl(model, "kkv_model_forward", st, c_void_p, c_void_p, F32P, c_int, I32P, c_int, c_int)
 _decl(model, "kkv_tokenize_alloc", st, c_void_p, POINTER(POINTER(c_int32)), POINTER(c_int), c_char_p,

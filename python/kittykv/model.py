@@ -96,6 +96,16 @@ class Model(Handle):
         with self._use() as m:
             return int(_lib.model_fingerprint(m))
 
+    @property
+    def decode_bytes(self):
+        """Bytes of weight matrices one decode step streams
+        (kkv_model_decode_bytes): divided by a step's time, the bandwidth
+        the weights demand. Unsupported in builds without it."""
+        if _lib.model_decode_bytes is None:
+            raise Unsupported("decode_bytes: this build has no kkv_model_decode_bytes")
+        with self._use() as m:
+            return int(_lib.model_decode_bytes(m))
+
     n_vocab = property(lambda self: self._info.n_vocab)
     bos = property(lambda self: self._info.bos)
     eos = property(lambda self: self._info.eos)

@@ -376,3 +376,16 @@ def test_attend_batch_equals_attend_per_sequence():
             c.attend_batch(ids, 0, q[:2])
         with pytest.raises(kittykv.NotFound):
             c.attend_batch([seqs[0], 999], 0, q[:2])
+
+
+def test_decode_bytes_are_the_files_matrices(model, model_path):
+    """Model.decode_bytes: every matrix the forward pass multiplies by, read
+    from the GGUF with the gguf package (token_embd counts when it is also the
+    output matrix); norms and the embedding row are not streamed per step."""
+    gguf = pytest.importorskip("gguf")
+    r = gguf.GGUFReader(model_path)
+    names = {t.name for t in r.tensors}
+    want = sum(int(t.n_bytes) for t in r.tensors
+               if len([d for d in t.shape if d > 1]) >= 2
+               and not (t.name == "token_embd.weight" and "output.weight" in names))
+    assert model.decode_bytes == want
