@@ -33,11 +33,6 @@ static inline __m256i dot4_u8s8(__m256i u, __m256i s) {
 #endif
 }
 
-/* dot4_u8s8 of signed w: the sign moves onto x. */
-static inline __m256i dot4_signed(__m256i w, __m256i x) {
-    return dot4_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-}
-
 /* The sum of 8 int32 lanes (exact while it fits, as every block sum here does). */
 static inline int32_t hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -158,19 +153,9 @@ static inline __m256 scale_of(__m256 dv, const kkv_q8x *x) {
 }
 
 /* acc[j] += (d_w * d_x_j) * (w . x_j) over the nx columns of block b, for
- * weights stored signed (Q5_0); always_inline like its caller. */
-static inline __attribute__((always_inline)) void cols_signed(__m256 *acc, __m256i w, __m256 dv,
-                                                              const kkv_q8x *const *xq, int64_t b,
-                                                              const int nx) {
-    for (int j = 0; j < nx; j++) {
-        const kkv_q8x *x = &xq[j][b];
-        __m256i s = dot4_signed(w, _mm256_loadu_si256((const __m256i *)x->q));
-        acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
-    }
-}
-
-/* The same for signed weights with a 16-bit scale per half block (Q6_K,
- * Q3_K): the pair sums are weighted by scales before the int32 sum. */
+ * signed weights with a 16-bit scale per half block (Q3_K): the pair sums
+ * are weighted by the scales before the int32 sum; always_inline like its
+ * caller. */
 static inline __attribute__((always_inline)) void cols_scaled(__m256 *acc, __m256i w, __m256i scales,
                                                               __m256 dv, const kkv_q8x *const *xq,
                                                               int64_t b, const int nx) {
@@ -178,20 +163,6 @@ static inline __attribute__((always_inline)) void cols_scaled(__m256 *acc, __m25
         const kkv_q8x *x = &xq[j][b];
         __m256i s = dot_signed(w, _mm256_loadu_si256((const __m256i *)x->q), scales);
         acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
-    }
-}
-
-/* The same for weights stored unsigned with a minimum m (Q5_1): the
- * minimum's term m * sum(x) goes to accm[j]. */
-static inline __attribute__((always_inline)) void cols_unsigned(__m256 *acc, float *accm, __m256i w,
-                                                                __m256 dv, float m,
-                                                                const kkv_q8x *const *xq, int64_t b,
-                                                                const int nx) {
-    for (int j = 0; j < nx; j++) {
-        const kkv_q8x *x = &xq[j][b];
-        __m256i s = dot4_u8s8(w, _mm256_loadu_si256((const __m256i *)x->q));
-        acc[j] = _mm256_fmadd_ps(scale_of(dv, x), _mm256_cvtepi32_ps(s), acc[j]);
-        accm[j] += m * x->s;
     }
 }
 
