@@ -709,13 +709,12 @@ kkv_status kkv_detokenize(const kkv_model *m, char *buf, size_t cap, size_t *n_o
     return KKV_OK;
 }
 
-/* Bytes of w a matmul streams: its packed copy where it has one (whole
- * groups), else its rows. */
+/* Bytes of w a matmul streams: its packed copy where it has one, else its
+ * rows. */
 static uint64_t streamed(const kkv_weight *w) {
-    if (w->rows <= 0) return 0;
-    uint64_t rows = (uint64_t)w->rows;
-    if (w->packed && w->pack_rows > 0) rows = (rows + (uint64_t)w->pack_rows - 1) / (uint64_t)w->pack_rows * (uint64_t)w->pack_rows;
-    return rows * (uint64_t)w->row_bytes;
+    size_t packed = 0;
+    if (w->packed && kkv_wt_packed_size(&packed, w, w->pack_rows) == KKV_OK && packed > 0) return packed;
+    return w->rows > 0 ? (uint64_t)w->rows * (uint64_t)w->row_bytes : 0;
 }
 
 uint64_t kkv_model_decode_bytes(const kkv_model *m) {

@@ -170,23 +170,25 @@ static inline __attribute__((always_inline)) void cols_scaled(__m256 *acc, __m25
 
 /* One weight row against nx activation vectors; always_inline so each nx
  * gets its own unrolled copy. Q4_0, Q4_1 and Q8_0 go through the eight-row
- * kernel (avx2_dot_q), so a row has the same bits alone or in a block. */
+ * kernel (avx2_dot_q), so a row has the same bits alone or in a block. The
+ * types the packed kernels also read (Q5, Q4_K, Q5_K, Q6_K) take the scalar
+ * arithmetic here (each block's integer sum first, then accs += (d_w * d_x)
+ * * sum in block order: `exact`), so they give the same bits packed or not;
+ * the others keep 8 fp32 lanes summed at the end. */
 static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t type, const uint8_t *row,
                                                            int64_t cols, const kkv_q8x *const *xq,
                                                            const int nx) {
     __m256 acc[KKV_WT_NX];
-    float accm[KKV_WT_NX];
+    float accs[KKV_WT_NX], accm[KKV_WT_NX];
     for (int j = 0; j < nx; j++) {
         acc[j] = _mm256_setzero_ps();
-        accm[j] = 0.0f;
+        accs[j] = accm[j] = 0.0f;
     }
+    int exact = 0; /* 1: the result is accs + accm, as the scalar code adds it */
     int64_t nb = cols / 32;
     switch (type) {
-    case KKV_WT_Q6_K: {
-        /* the scalar arithmetic (block sums first), as the packed kernel a
-         * model's Q6_K weights take: the same bits packed or not */
-        float accs[KKV_WT_NX];
-        for (int j = 0; j < nx; j++) accs[j] = 0.0f;
+    case KKV_WT_Q6_K:
+        exact = 1;
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *wb = row + 210 * (b / 8);
             int k = (int)(b % 8);
@@ -201,19 +203,12 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
                 accs[j] += (d * x->d) * (float)si;
             }
         }
-        for (int j = 0; j < nx; j++) res[j] = accs[j] + accm[j];
-        return;
-    }
+        break;
     case KKV_WT_Q5_0:
     case KKV_WT_Q5_1: {
-        /* The scalar reference's arithmetic, as the packed kernel (which a
-         * model's Q5 weights take) computes it: each block's integer sum is
-         * exact, then acc += (d_w * d_x) * sum in block order. So Q5 rows
-         * give the same bits packed or not, alone or in a block of rows. */
         const int one = type == KKV_WT_Q5_1;
         const size_t bb = one ? 24 : 22;
-        float accs[KKV_WT_NX];
-        for (int j = 0; j < nx; j++) accs[j] = 0.0f;
+        exact = 1;
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *wb = row + bb * (size_t)b;
             __m256i w = one ? q5_block(wb + 4, wb + 8) : q5_block(wb + 2, wb + 6); /* codes 0..31 */
@@ -226,8 +221,7 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
                 if (one) accm[j] += m * x->s;
             }
         }
-        for (int j = 0; j < nx; j++) res[j] = accs[j] + accm[j];
-        return;
+        break;
     }
     case KKV_WT_Q2_K:
         for (int64_t b = 0; b < nb; b++) {
@@ -268,12 +262,8 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
         break;
     case KKV_WT_Q4_K:
     case KKV_WT_Q5_K: {
-        /* the scalar arithmetic, as the packed kernel that a model's Q4_K
-         * and Q5_K weights take (weights_rows_body.h): the same bits packed
-         * or not */
         const int five = type == KKV_WT_Q5_K;
-        float accs[KKV_WT_NX];
-        for (int j = 0; j < nx; j++) accs[j] = 0.0f;
+        exact = 1;
         for (int64_t sb = 0; sb < nb / 8; sb++) {
             const uint8_t *wb = row + (five ? 176 : 144) * (size_t)sb;
             float d = f16_at(wb), dmin = f16_at(wb + 2);
@@ -289,12 +279,11 @@ static inline __attribute__((always_inline)) void dot_q_nx(float *res, uint32_t 
                 }
             }
         }
-        for (int j = 0; j < nx; j++) res[j] = accs[j] + accm[j];
-        return;
+        break;
     }
     default: break;
     }
-    for (int j = 0; j < nx; j++) res[j] = hsum8(acc[j]) + accm[j];
+    for (int j = 0; j < nx; j++) res[j] = (exact ? accs[j] : hsum8(acc[j])) + accm[j];
 }
 
 static void avx2_dot_q(float *res, uint32_t type, const void *row, int64_t cols,

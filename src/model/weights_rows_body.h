@@ -56,7 +56,9 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
     }
 #ifdef RW_ROWS_G
     else if (type == KKV_WT_Q5_0 || type == KKV_WT_Q5_1) {
-        /* Q4's nibbles plus a fifth bit: byte k of row r's lane in register
+        /* The Q4 branch above plus the fifth bits; kept apart on purpose:
+         * folded into it with a runtime `five`, Q4_1 with 8 vectors ran 2%
+         * slower hot (test_weights --bench, three rounds). Q4's nibbles plus a fifth bit: byte k of row r's lane in register
          * g (lo[0..3], then hi[0..3]) is value 4g + k, whose fifth bit is bit
          * g of byte k of the lane in h (kkv_wt_pack). A 16-bit shift by 4 - g
          * takes it to bit 4 without carrying a neighbour's bit there (|4 - g|
