@@ -41,12 +41,13 @@ static void put_f16(uint8_t *p, float f) {
     memcpy(p, &h, 2);
 }
 
-/* Random weight rows of a type: [rows][row_bytes], with sane fp16 scales. */
-static uint8_t *rand_weights(kkv_weight *w, uint32_t type, int64_t rows, int64_t cols) {
+/* Weight rows of a type: [rows][row_bytes], every byte `fill` (or random
+ * for fill < 0), then sane fp16 scales. */
+static uint8_t *fill_weights(kkv_weight *w, uint32_t type, int64_t rows, int64_t cols, int fill) {
     size_t rb;
     if (kkv_wt_row_size(&rb, type, cols) != KKV_OK) return NULL;
     uint8_t *d = malloc(rb * (size_t)rows);
-    for (size_t i = 0; i < rb * (size_t)rows; i++) d[i] = (uint8_t)rnd_u32();
+    for (size_t i = 0; i < rb * (size_t)rows; i++) d[i] = fill < 0 ? (uint8_t)rnd_u32() : (uint8_t)fill;
     size_t bb = kkv_wt_block_bytes(type);
     for (size_t off = 0; off < rb * (size_t)rows; off += bb) {
         uint8_t *b = d + off;
@@ -98,6 +99,11 @@ static uint8_t *rand_weights(kkv_weight *w, uint32_t type, int64_t rows, int64_t
     w->packed = NULL;
     w->pack_rows = 0;
     return d;
+}
+
+/* Random weight rows of a type: [rows][row_bytes], with sane fp16 scales. */
+static uint8_t *rand_weights(kkv_weight *w, uint32_t type, int64_t rows, int64_t cols) {
+    return fill_weights(w, type, rows, cols, -1);
 }
 
 static float *rand_x(int n, int64_t cols) {
@@ -467,6 +473,49 @@ static void test_packed(void) {
     free(wd);
 }
 
+/* The integer sums at their largest: every code at its type's maximum (all
+ * code bytes 0xFF: Q4 15, Q5 31, Q6_K 63) against x vectors whose every
+ * Q8 value is +127 or -127, packed, through every kernel set, give the
+ * scalar kernels' bits. The row-block kernels add vpmaddubsw pairs in int16
+ * as far as these extremes allow (weights_rows_body.h); one register too
+ * many wraps, and this fails. */
+static void test_packed_extremes(void) {
+    const uint32_t types[] = {KKV_WT_Q4_0, KKV_WT_Q4_1, KKV_WT_Q8_0, KKV_WT_Q5_0, KKV_WT_Q5_1, KKV_WT_Q4_K,
+                              KKV_WT_Q5_K, KKV_WT_Q6_K};
+    const int n = 8; /* the kernels' widest unrolled batch */
+    for (int R = 8; R <= 16; R += 8)
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+            for (int sign = -1; sign <= 1; sign += 2) {
+                int64_t rows = 16, cols = kkv_wt_block_elems(types[ti]) == 256 ? 512 : 576;
+                kkv_weight w;
+                uint8_t *wd = fill_weights(&w, types[ti], rows, cols, 0xFF);
+                size_t pb = 0;
+                CHECK(kkv_wt_packed_size(&pb, &w, R) == KKV_OK && pb > 0, "packed size");
+                uint8_t *pk = malloc(pb);
+                CHECK(kkv_wt_pack(pk, &w, R) == KKV_OK, "pack");
+                kkv_weight wp = w;
+                wp.packed = pk;
+                wp.pack_rows = R;
+                size_t bytes = sizeof(float) * (size_t)n * (size_t)rows;
+                float *x = malloc(sizeof(float) * (size_t)n * (size_t)cols), *os = malloc(bytes), *op = malloc(bytes);
+                for (int64_t i = 0; i < n * cols; i++) x[i] = (float)sign * (1.0f + 0.5f * (float)(i / cols));
+                CHECK(kkv_matmul_ex(NULL, os, &w, x, n, KKV_WT_IMPL_SCALAR) == KKV_OK, "scalar");
+                for (int impl = KKV_WT_IMPL_AUTO; impl <= KKV_WT_IMPL_AVX2; impl++) {
+                    if (impl == KKV_WT_IMPL_SCALAR || (impl == KKV_WT_IMPL_AVX2 && !kkv_cpu_get()->avx2)) continue;
+                    memset(op, 0xff, bytes);
+                    CHECK(kkv_matmul_ex(NULL, op, &wp, x, n, (kkv_wt_impl)impl) == KKV_OK, "packed");
+                    CHECK(memcmp(op, os, bytes) == 0, "%s, every code at its maximum, x %s127, impl %d, packed by %d: "
+                          "differs from scalar (%g against %g)", kkv_wt_name(w.type), sign < 0 ? "-" : "+", impl, R,
+                          (double)op[0], (double)os[0]);
+                }
+                free(x);
+                free(os);
+                free(op);
+                free(pk);
+                free(wd);
+            }
+}
+
 /* Batch-size and thread-count invariance on a model-sized matrix through the
  * public entry point, including n that are not multiples of the kernel group. */
 static void test_invariance(void) {
@@ -775,6 +824,7 @@ int main(int argc, char **argv) {
     test_q8x_simd();
     test_kernels();
     test_packed();
+    test_packed_extremes();
     test_invariance();
     if (!kkv_cpu_get()->avx2) printf("note: no AVX2 on this CPU; SIMD comparisons skipped\n");
     if (tu_failed()) return tu_summary();

@@ -7,6 +7,7 @@
 #define RW_ZERO_I _mm256_setzero_si256
 #define RW_ZERO_F _mm256_setzero_ps
 #define RW_SET8   _mm256_set1_epi8
+#define RW_SET16  _mm256_set1_epi16
 #define RW_SET32  _mm256_set1_epi32
 #define RW_SETF   _mm256_set1_ps
 #define RW_AND    _mm256_and_si256
@@ -21,6 +22,7 @@
 #define RW_SLLI16 _mm256_slli_epi16
 #define RW_OR     _mm256_or_si256
 #define RW_ADD32  _mm256_add_epi32
+#define RW_ADD16  _mm256_add_epi16
 #define RW_SUB32  _mm256_sub_epi32
 #define RW_DPB    dpb
 #define RW_CVT    _mm256_cvtepi32_ps

@@ -8,6 +8,7 @@
 #define RW_ZERO_I _mm512_setzero_si512
 #define RW_ZERO_F _mm512_setzero_ps
 #define RW_SET8   _mm512_set1_epi8
+#define RW_SET16  _mm512_set1_epi16
 #define RW_SET32  _mm512_set1_epi32
 #define RW_SETF   _mm512_set1_ps
 #define RW_AND    _mm512_and_si512
@@ -22,6 +23,7 @@
 #define RW_SLLI16 _mm512_slli_epi16
 #define RW_OR     _mm512_or_si512
 #define RW_ADD32  _mm512_add_epi32
+#define RW_ADD16  _mm512_add_epi16
 #define RW_SUB32  _mm512_sub_epi32
 #define RW_DPB    _mm512_dpbusd_epi32
 #define RW_CVT    _mm512_cvtepi32_ps
