@@ -474,7 +474,8 @@ static void test_packed(void) {
 }
 
 /* The integer sums at their largest: every code at its type's maximum (all
- * code bytes 0xFF: Q4 15, Q5 31, Q6_K 63) against x vectors whose every
+ * code bytes 0xFF: Q4 15, Q5 31, Q6_K 63; Q8_0's 0x80, -128, where one
+ * vpmaddubsw pair already reaches 32512) against x vectors whose every
  * Q8 value is +127 or -127, packed, through every kernel set, give the
  * scalar kernels' bits. The row-block kernels add vpmaddubsw pairs in int16
  * as far as these extremes allow (weights_rows_body.h); one register too
@@ -488,7 +489,7 @@ static void test_packed_extremes(void) {
             for (int sign = -1; sign <= 1; sign += 2) {
                 int64_t rows = 16, cols = kkv_wt_block_elems(types[ti]) == 256 ? 512 : 576;
                 kkv_weight w;
-                uint8_t *wd = fill_weights(&w, types[ti], rows, cols, 0xFF);
+                uint8_t *wd = fill_weights(&w, types[ti], rows, cols, types[ti] == KKV_WT_Q8_0 ? 0x80 : 0xFF);
                 size_t pb = 0;
                 CHECK(kkv_wt_packed_size(&pb, &w, R) == KKV_OK && pb > 0, "packed size");
                 uint8_t *pk = malloc(pb);

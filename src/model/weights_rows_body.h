@@ -37,11 +37,20 @@
         }                                                                                          \
         (p) = RW_ADD16((p), q_);                                                                   \
     } while (0)
-/* s = the exact int32 sums lo[0..3] . x[0..3] + hi[0..3] . x[4..7] of a
- * 32-value block of codes 0..15 (wide 0) or 0..31 (wide 1): one vpdpbusd
- * per register where there is one; else int16 sums of all eight registers
- * (16 products of <= 15 * 128 = 30720) or of four (8 of <= 31 * 128 =
- * 31744) and one vpmaddwd by ones for each. */
+/* s = m * (lo[0..3] . x[0..3] + hi[0..3] . x[4..7]), exact in int32, for a
+ * 32-value block of codes 0..15 (wide 0: one int16 sum of all eight
+ * registers, 16 products of <= 15 * 128 = 30720) or 0..31 (wide 1: one of
+ * each four, 8 of <= 31 * 128 = 31744), widened by vpmaddwd with m, the
+ * int16 pairs (k, k) of a multiplier k (1, or a K-quant's sub-block scale). */
+#define RW_WIDEN_Q(s, lo, hi, x, wide, m)                                                          \
+    do {                                                                                           \
+        RW_I p0_, p1_;                                                                             \
+        RW_SUM16(p0_, lo, 0, x, 0, 4);                                                             \
+        RW_SUM16(p1_, hi, 0, x, 4, 4);                                                             \
+        (s) = (wide) ? RW_ADD32(RW_MADD(p0_, m), RW_MADD(p1_, m)) : RW_MADD(RW_ADD16(p0_, p1_), m); \
+    } while (0)
+/* s = lo . x + hi . x of a Q4 (wide 0) or Q5 (wide 1) block: one vpdpbusd
+ * per register where there is one, else RW_WIDEN_Q by ones. */
 #ifdef RW_DPBUSD
 #define RW_DOT_Q(s, lo, hi, x, wide)                                                               \
     do {                                                                                           \
@@ -53,15 +62,17 @@
         (s) = RW_ADD32(s0_, s1_);                                                                  \
     } while (0)
 #else
-#define RW_DOT_Q(s, lo, hi, x, wide)                                                               \
-    do {                                                                                           \
-        const RW_I one_ = RW_SET16(1);                                                             \
-        RW_I p0_, p1_;                                                                             \
-        RW_SUM16(p0_, lo, 0, x, 0, 4);                                                             \
-        RW_SUM16(p1_, hi, 0, x, 4, 4);                                                             \
-        (s) = (wide) ? RW_ADD32(RW_MADD(p0_, one_), RW_MADD(p1_, one_)) : RW_MADD(RW_ADD16(p0_, p1_), one_); \
-    } while (0)
+#define RW_DOT_Q(s, lo, hi, x, wide) RW_WIDEN_Q(s, lo, hi, x, wide, RW_SET16(1))
 #endif
+/* accm[j] += m_w * s_x over the blocks of a type whose block (bb bytes)
+ * holds fp16 d, then fp16 m (Q4_1, Q5_1): in a pass of its own after the
+ * blocks, the same additions in the same order per lane as inside the block
+ * loop, but off its registers (inside it, 16 x vectors ran 10% slower per
+ * vector than 8). */
+#define RW_ADD_MINS(accm, rp, bb, xq, nb, nx)                                                      \
+    for (int j_ = 0; j_ < (nx); j_++)                                                              \
+        for (int64_t b_ = 0; b_ < (nb); b_++)                                                      \
+            (accm)[j_] = RW_ADDF((accm)[j_], RW_MUL(RW_ROWS_F16(rp, (bb) * (size_t)b_ + 2), RW_SETF((xq)[j_][b_].s)))
 
 static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t type,
                                                         const uint8_t *const *rp, int64_t nb,
@@ -96,17 +107,14 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
                 acc[j] = RW_ADD_BLOCK(acc[j], dw, x, s);
             }
         }
-        if (one) /* the mins' sums in a pass of their own: the same additions
-                  * in the same order, off the integer loop's registers */
-            for (int j = 0; j < nx; j++)
-                for (int64_t b = 0; b < nb; b++)
-                    accm[j] = RW_ADDF(accm[j], RW_MUL(RW_ROWS_F16(rp, bb * (size_t)b + 2), RW_SETF(xq[j][b].s)));
+        if (one) RW_ADD_MINS(accm, rp, bb, xq, nb, nx);
     }
 #ifdef RW_ROWS_G
     else if (type == KKV_WT_Q5_0 || type == KKV_WT_Q5_1) {
         /* The Q4 branch above plus the fifth bits; kept apart on purpose:
          * folded into it with a runtime `five`, Q4_1 with 8 vectors ran 2%
-         * slower hot (test_weights --bench, three rounds). Q4's nibbles plus a fifth bit: byte k of row r's lane in register
+         * slower hot (test_weights --bench, three rounds). Q4's nibbles
+         * plus a fifth bit: byte k of row r's lane in register
          * g (lo[0..3], then hi[0..3]) is value 4g + k, whose fifth bit is bit
          * g of byte k of the lane in h (kkv_wt_pack). A 16-bit shift by 4 - g
          * takes it to bit 4 without carrying a neighbour's bit there (|4 - g|
@@ -137,10 +145,7 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
                 acc[j] = RW_ADD_BLOCK(acc[j], dw, x, s);
             }
         }
-        if (one) /* the mins apart, as for Q4_1 */
-            for (int j = 0; j < nx; j++)
-                for (int64_t b = 0; b < nb; b++)
-                    accm[j] = RW_ADDF(accm[j], RW_MUL(RW_ROWS_F16(rp, bb * (size_t)b + 2), RW_SETF(xq[j][b].s)));
+        if (one) RW_ADD_MINS(accm, rp, bb, xq, nb, nx);
     } else if (type == KKV_WT_Q4_K || type == KKV_WT_Q5_K) {
         /* Super-blocks of 256 values (144 bytes): fp16 d, dmin, 12 bytes of
          * 6-bit sub-block scales and mins, then 128 code bytes, sub-block k
@@ -185,17 +190,8 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
                     }
                     for (int j = 0; j < nx; j++) {
                         const kkv_q8x *x = &xq[j][8 * sb + k];
-                        /* codes 0..15: one int16 sum of the eight registers
-                         * (<= 16 * 15 * 128 = 30720); 0..31: two of four */
-                        RW_I s, p0, p1;
-                        if (five) {
-                            RW_SUM16(p0, q, 0, x, 0, 4);
-                            RW_SUM16(p1, q, 4, x, 4, 4);
-                            s = RW_ADD32(RW_MADD(p0, scw), RW_MADD(p1, scw));
-                        } else {
-                            RW_SUM16(p0, q, 0, x, 0, 8);
-                            s = RW_MADD(p0, scw);
-                        }
+                        RW_I s; /* codes 0..15 (Q4_K) or 0..31 (Q5_K), times the scale */
+                        RW_WIDEN_Q(s, q, q + 4, x, five, scw);
                         acc[j] = RW_ADD_BLOCK(acc[j], dw, x, s);
                         accm[j] = RW_SUBF(accm[j], RW_MUL(RW_MUL(dmw, RW_SETF(x->d)),
                                                           RW_MUL(mnf, RW_SETF((float)x->isum))));
@@ -312,6 +308,8 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
 #undef RW_ADD16
 #undef RW_SUM16
 #undef RW_DOT_Q
+#undef RW_WIDEN_Q
+#undef RW_ADD_MINS
 #undef RW_SUB32
 #undef RW_DPB
 #undef RW_CVT
