@@ -1,6 +1,7 @@
 /* AVX2 + FMA + F16C kernels. (The table's qk_page / pv_page are the integer
- * ones of attn_qkwide_avx2.c and attn_int_avx2.c; the float page kernels here
- * are their fallback for inputs the integer path cannot represent.) Attention works in the code domain of spec
+ * ones of attn_qkbyte_avx2.c (with attn_qkwide_avx2.c) and attn_int_avx2.c;
+ * the float page kernels here are their fallback for inputs the integer path
+ * cannot represent.) Attention works in the code domain of spec
  * section 7: per key page the channel scales fold into the query and the
  * per-channel minimums into one constant per query head; per value page the
  * token scales fold into the probabilities and the minimums into one constant
@@ -647,7 +648,7 @@ void kkv_avx2_value_encode(uint8_t *page, float *tmp, const uint16_t *v, int D, 
 const kkv_ops kkv_ops_avx2 = {
     .kind = KKV_KERNEL_AVX2,
     .qk_f16 = kkv_avx2_qk_f16,
-    .qk_page = kkv_avx2_qk_wide,
+    .qk_page = kkv_avx2_qk_byte,
     .pv_f16 = kkv_avx2_pv_f16,
     .pv_page = kkv_avx2i_pv_page,
     .key_encode = kkv_avx2_key_encode,
@@ -657,12 +658,12 @@ const kkv_ops kkv_ops_avx2 = {
 
 /* The AVX2 table with the AVX-VNNI value kernel (dispatch picks it where
  * cpu->avxvnni); results bit-identical to kkv_ops_avx2. (The int8 AVX-VNNI
- * key kernel, kkv_avxvnni_qk_page, stays tested but unused: the 16-bit key
+ * key kernel, kkv_avxvnni_qk_page, stays tested but unused: the 8-bit key
  * kernel needs none of its channel groups.) */
 const kkv_ops kkv_ops_avx2vnni = {
     .kind = KKV_KERNEL_AVX2,
     .qk_f16 = kkv_avx2_qk_f16,
-    .qk_page = kkv_avx2_qk_wide,
+    .qk_page = kkv_avx2_qk_byte,
     .pv_f16 = kkv_avx2_pv_f16,
     .pv_page = kkv_avxvnni_pv_page,
     .key_encode = kkv_avx2_key_encode,

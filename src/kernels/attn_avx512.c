@@ -1,8 +1,9 @@
 /* AVX-512 tables. The page kernels are the integer-domain ones of
  * attn_int_impl.h: with vpdpbusd where the CPU has AVX-512 VNNI, else the
- * AVX2 ones (every AVX-512 CPU runs AVX2 code: the 16-bit key kernel of
- * attn_qkwide_avx2.c, the value kernel of attn_int_avx2.c). The former AVX-512 float qk_page was
- * 3x slower than the integer kernel on Zen 4 and is gone. Results agree with
+ * AVX2 ones (every AVX-512 CPU runs AVX2 code: the 8-bit key kernel of
+ * attn_qkbyte_avx2.c, the value kernel of attn_int_avx2.c). The former
+ * AVX-512 float qk_page was 3x slower than the integer kernel on Zen 4 and
+ * is gone. Results agree with
  * the scalar reference within the bounds of kernels.h; flush bytes are
  * identical (the AVX2 codecs). qk_f16 / pv_f16 are the 512-bit ones of
  * attn_f16_avx512.c, bit-identical to AVX2's. */
@@ -77,7 +78,7 @@ static void kkv_avx512_softmax(float *sc, float *ml, float *acc, int n_rep, int 
 const kkv_ops kkv_ops_avx512 = {
     .kind = KKV_KERNEL_AVX512,
     .qk_f16 = kkv_avx512_qk_f16,
-    .qk_page = kkv_avx2_qk_wide,
+    .qk_page = kkv_avx2_qk_byte,
     .pv_f16 = kkv_avx512_pv_f16,
     .pv_page = kkv_avx2i_pv_page,
     .key_encode = kkv_avx2_key_encode,

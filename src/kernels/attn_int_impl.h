@@ -35,7 +35,7 @@
  *
  * Which tables use them: every table's value kernel is one of these builds;
  * the int8 key kernel is the AVX-512 VNNI table's (the AVX2 tables take the
- * 16-bit key kernel of attn_qkwide_avx2.c, the VBMI table its own 15-bit one;
+ * 8-bit key kernel of attn_qkbyte_avx2.c, the VBMI table its own 15-bit one;
  * the AVX2 and AVX-VNNI builds of the int8 key kernel stay tested).
  *
  * VNNI. This file is the body of four kernel pairs: AVX2 (attn_int_avx2.c),

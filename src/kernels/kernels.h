@@ -12,8 +12,9 @@
  *    differ from the scalar ones by one quantization step of the folded
  *    query / probabilities. The value kernels (attn_int_impl.h: AVX2, VNNI
  *    and VBMI builds) all give the same bits. The key kernels: the AVX2
- *    tables' (attn_qkwide_avx2.c, 16 bits), the VBMI table's
- *    (attn_qkwide_vbmi_avx512.c, 15 bits) and the int8 ones of
+ *    tables' (attn_qkbyte_avx2.c, 8 bits, which hands pages with more
+ *    than D / 2 boosted channels to attn_qkwide_avx2.c, 16 bits), the
+ *    VBMI table's (attn_qkwide_vbmi_avx512.c, 15 bits) and the int8 ones of
  *    attn_int_impl.h (the AVX-512 VNNI table's; their AVX2 and AVX-VNNI
  *    builds stay tested):
  *      qk_page: |s_t - ref| <= sum_j d_g(j)/2 * |c_tj - maxq_j/2| + rounding,
@@ -22,6 +23,7 @@
  *        largest, rest); the wide VBMI kernel: one group,
  *        d = max_j |q_j scale_j| / 32639; the AVX2 16-bit kernel: one group,
  *        d = max_j |q_j scale_j| / min(32767, (2^31 - 1) / (64 (3D + 12 nb)));
+ *        the AVX2 8-bit kernel: one group, d = max_j |q_j scale_j| / 127;
  *      pv_page: |acc_j - ref| <= sum_blocks e/2 * sum_t |c_tj - maxq/2| + rounding,
  *        e = max_t p_t scale_t / 255 per block of 128 tokens;
  *    inputs outside the integer path (non-finite folded query, negative or

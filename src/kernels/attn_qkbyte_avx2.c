@@ -1,0 +1,226 @@
+/* Key page scores with an 8-bit query on AVX2 (vpmaddubsw): the AVX2 table's
+ * key kernel for pages whose keys are mostly 2-bit, n_boost <= D / 2
+ * (kivi-k2*, kitty, kitty-pro, kitty-plus). Pages with more boosted
+ * channels (4-bit keys; some heads of kitty-plus-pro's pooled budget) go to
+ * the 16-bit kernel (attn_qkwide_avx2.c), whose finer query keeps the
+ * rounding of 4-bit codes small.
+ *
+ * Why 8 bits. The 16-bit kernel multiplies a channel pair of 2-bit codes
+ * (as int16 words) by (x_a, x_b) with vpmaddwd: 8 tokens per instruction and
+ * an int32 add. vpmaddubsw multiplies the code bytes themselves (unsigned)
+ * by int8 weights and sums each pair into int16: 16 tokens per instruction,
+ * an int16 add, and half the unpacking. AVX2 has no instruction that does
+ * this with a wider query.
+ *
+ * Exactness. Codes are extracted to 0..3 (shift and mask per phase), so a
+ * pair's sum is at most 2 * 3 * 127 = 762 and 32 pairs (64 channels) stay
+ * exact in int16 (<= 24384); each block of 32 pairs is then widened to
+ * int32. A boosted channel's high plane (the code's bits 2-3, rows ranked
+ * by idx) is summed the same way and shifted left by 2 when widened. So the
+ * integer sums are exact: the only rounding is the query's.
+ *
+ * Error (the tests' bound, the 16-bit kernel's with another step):
+ *   |s_t - exact| <= d/2 * sum_j |c_tj - maxq_j/2| (+ float rounding),
+ *   d = max_j |q_j scale_j| / 127.
+ * Against the keys' own rounding this is small: a code's error moves s_t by
+ * f_j (k_tj - decoded)/scale_j, RMS |f_j| / sqrt(12) per channel, at least
+ * M / 3.5 for the channel of the largest |f_j| = M, while the query step
+ * adds ~d sqrt(sum_j (c_tj - maxq_j/2)^2 / 12), ~M / 49 RMS for 64 channels
+ * of 2-bit codes. test_kernels --score-error measures both: 2-9% of the
+ * keys' error in RMS, under 1% of its variance (docs/RESULTS.md).
+ *
+ * Non-finite f, or a head whose largest |f| is below 1e-30 but not 0, falls
+ * back to the float kernel (kkv_avx2_qk_page). Pure function of its inputs:
+ * bit-identical for any thread count. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/attn_simd.h"
+#include "kernels/qkfold_avx2.h"
+
+#define RBB 3      /* query heads per pass: 3 x 2 phases of int16 accumulators */
+#define BLK 32     /* channel pairs per int16 block: 32 x 762 <= 32767 */
+#define LDW (WX / 2 + 8) /* pair weights per head, with room for the last 8 written */
+#define QMAX8 127  /* the query's largest |x|: a vpmaddubsw weight is int8 */
+
+int kkv_avx2_qk_byte_qmax(int D, int nb) {
+    return 2 * nb <= D ? QMAX8 : kkv_avx2_qk_wide_qmax(D, nb);
+}
+
+/* Row bytes [c, c + nbytes) of a row, zero-extended to 32. */
+AI __m256i row32b(const uint8_t *row, size_t c, int nbytes) {
+    if (nbytes == 32) return _mm256_loadu_si256((const __m256i *)(const void *)(row + c));
+    uint8_t tmp[32] = {0};
+    memcpy(tmp, row + c, (size_t)nbytes);
+    return _mm256_loadu_si256((const __m256i *)(const void *)tmp);
+}
+
+/* a [16] int32 += the 16 int16 lanes of b, shifted left by sh. */
+AI void widen_add(int32_t *a, __m256i b, int sh) {
+    __m256i lo = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(b));
+    __m256i hi = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(b, 1));
+    if (sh) lo = _mm256_slli_epi32(lo, sh), hi = _mm256_slli_epi32(hi, sh);
+    __m256i *d0 = (__m256i *)(void *)a, *d1 = (__m256i *)(void *)(a + 8);
+    _mm256_store_si256(d0, _mm256_add_epi32(lo, _mm256_load_si256(d0)));
+    _mm256_store_si256(d1, _mm256_add_epi32(hi, _mm256_load_si256(d1)));
+}
+
+/* Phases k0 and k0 + 1 of pairs [0, np) of rows (pair p: rows 2p and
+ * 2p + 1, rowb apart; `odd`: one row alone, its pair's second row 0) for half u of
+ * a 32-byte chunk (u 0: row bytes 0-7 | 16-23, u 1: 8-15 | 24-31) and RB
+ * heads, each block of BLK pairs summed in int16, then widened, shifted left
+ * by sh and added to a32 [head][phase][lanes of bytes 8u.. | 16 + 8u..].
+ * wv: [head][pair] the pair's weight bytes
+ * (x_a, x_b, x_a, x_b), ldw apart. Two phases per pass: 6 int16
+ * accumulators, the codes of both phases, the mask and a weight fit the 16
+ * ymm registers; the int32 sums stay in memory (one widening per block). */
+AI void byte_rows(int32_t (*a32)[2][16], const uint8_t *rows, size_t rowb, int np, int odd,
+                  const int32_t *wv, size_t ldw, size_t c, int nbytes, int u, int k0, int sh, int RB) {
+    __m256i m3 = _mm256_set1_epi8(3);
+    for (int p0 = 0; p0 < np; p0 += BLK) {
+        int p1 = np - p0 < BLK ? np : p0 + BLK;
+        __m256i b00 = _mm256_setzero_si256(), b01 = b00, b10 = b00, b11 = b00, b20 = b00, b21 = b00;
+        for (int p = p0; p < p1; p++) {
+            const uint8_t *ra = rows + (size_t)(2 * p) * rowb;
+            __m256i x0 = row32b(ra, c, nbytes);
+            __m256i x1 = odd ? _mm256_setzero_si256() : row32b(ra + rowb, c, nbytes);
+            __m256i V = u ? _mm256_unpackhi_epi8(x0, x1) : _mm256_unpacklo_epi8(x0, x1);
+            __m256i X0 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0) : V, m3);
+            __m256i X1 = _mm256_and_si256(_mm256_srli_epi16(V, 2 * k0 + 2), m3);
+            __m256i w0 = _mm256_set1_epi32(ld32(wv + p));
+            b00 = _mm256_add_epi16(b00, _mm256_maddubs_epi16(X0, w0));
+            b01 = _mm256_add_epi16(b01, _mm256_maddubs_epi16(X1, w0));
+            if (RB > 1) {
+                __m256i w1 = _mm256_set1_epi32(ld32(wv + ldw + p));
+                b10 = _mm256_add_epi16(b10, _mm256_maddubs_epi16(X0, w1));
+                b11 = _mm256_add_epi16(b11, _mm256_maddubs_epi16(X1, w1));
+            }
+            if (RB > 2) {
+                __m256i w2 = _mm256_set1_epi32(ld32(wv + 2 * ldw + p));
+                b20 = _mm256_add_epi16(b20, _mm256_maddubs_epi16(X0, w2));
+                b21 = _mm256_add_epi16(b21, _mm256_maddubs_epi16(X1, w2));
+            }
+            /* the sums stay in registers: without this GCC kept one or two
+             * on the stack, and the loop ran at the store-to-load latency */
+            __asm__("" : "+x"(b00), "+x"(b01), "+x"(b10), "+x"(b11), "+x"(b20), "+x"(b21));
+        }
+        widen_add(a32[0][0], b00, sh), widen_add(a32[0][1], b01, sh);
+        if (RB > 1) widen_add(a32[1][0], b10, sh), widen_add(a32[1][1], b11, sh);
+        if (RB > 2) widen_add(a32[2][0], b20, sh), widen_add(a32[2][1], b21, sh);
+    }
+}
+
+/* Tokens 4i .. 4i + 31 of row bytes i = g .. g + 7 from ph [4 phases][32
+ * row bytes] (token 4i + k at ph[k][i]): a 4 x 8 transpose, stored to out,
+ * the first n of them. */
+AI void phases_to_tokens(float *out, const float (*ph)[32], int g, int n) {
+    __m256 P0 = _mm256_loadu_ps(ph[0] + g), P1 = _mm256_loadu_ps(ph[1] + g);
+    __m256 P2 = _mm256_loadu_ps(ph[2] + g), P3 = _mm256_loadu_ps(ph[3] + g);
+    __m256 t0 = _mm256_unpacklo_ps(P0, P1), t1 = _mm256_unpackhi_ps(P0, P1);
+    __m256 t2 = _mm256_unpacklo_ps(P2, P3), t3 = _mm256_unpackhi_ps(P2, P3);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE); /* bytes g, g + 1 | g + 4, g + 5 */
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE); /* g + 2, g + 3 | g + 6, g + 7 */
+    __m256 o[4] = {_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u2, u3, 0x20),
+                   _mm256_permute2f128_ps(u0, u1, 0x31), _mm256_permute2f128_ps(u2, u3, 0x31)};
+    if (n >= 32) {
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + 8 * i, o[i]);
+        return;
+    }
+    float tmp[32];
+    for (int i = 0; i < 4; i++) _mm256_storeu_ps(tmp + 8 * i, o[i]);
+    memcpy(out, tmp, (size_t)n * sizeof *out);
+}
+
+/* Half u, phases k0 and k0 + 1 of one chunk for RB heads: the scores
+ * d a + cst into ph [head][phase][row byte of the chunk]. */
+AI void byte_pass(float (*ph)[4][32], const int32_t *wv, size_t ldw, const float *d, const float *cst,
+                  const uint8_t *lo, const uint8_t *hi, size_t rowb, int D, int nb, size_t c,
+                  int nbytes, int u, int k0, int RB) {
+    _Alignas(32) int32_t a32[RBB][2][16]; /* [head][phase][lanes: bytes 8u..8u+7, 16+8u..16+8u+7] */
+    for (int r = 0; r < RB; r++) /* vector stores: a memset here compiled to rep stos (slow to start) */
+        for (int i = 0; i < 32; i += 8) _mm256_store_si256((__m256i *)(void *)(a32[r][0] + i), _mm256_setzero_si256());
+    byte_rows(a32, lo, rowb, D / 2, 0, wv, ldw, c, nbytes, u, k0, 0, RB);
+    /* an odd nb's last row as a pair of its own: a test for it inside the
+     * loop made GCC keep four of the accumulators on the stack */
+    if (nb > 1) byte_rows(a32, hi, rowb, nb / 2, 0, wv + D / 2, ldw, c, nbytes, u, k0, 2, RB);
+    if (nb & 1) byte_rows(a32, hi + (size_t)(nb - 1) * rowb, rowb, 1, 1, wv + D / 2 + nb / 2, ldw, c, nbytes, u, k0, 2, RB);
+    for (int r = 0; r < RB; r++) {
+        __m256 vd = _mm256_set1_ps(d[r]), vc = _mm256_set1_ps(cst[r]);
+        for (int e = 0; e < 2; e++)
+            for (int h = 0; h < 2; h++) {
+                __m256i a = _mm256_load_si256((const __m256i *)(const void *)(a32[r][e] + 8 * h));
+                _mm256_storeu_ps(ph[r][k0 + e] + 16 * h + 8 * u, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), vd, vc));
+            }
+    }
+}
+
+/* One 32-byte chunk (128 tokens) of RB heads: every half and phase pair,
+ * then the phases interleaved into token order at s (row stride G). lo:
+ * [D][rowb] rows, hi: [nb][rowb]; wv: [RB][ldw] pair weights (the D / 2
+ * channel pairs, then the high ranks' pairs). */
+AI void byte_chunk(float *s, int G, const int32_t *wv, size_t ldw, const float *d, const float *cst,
+                   const uint8_t *lo, const uint8_t *hi, int D, int nb, size_t c, int nbytes, int RB) {
+    size_t rowb = (size_t)G / 4;
+    float ph[RBB][4][32]; /* [head][phase][row byte of the chunk] */
+    byte_pass(ph, wv, ldw, d, cst, lo, hi, rowb, D, nb, c, nbytes, 0, 0, RB);
+    byte_pass(ph, wv, ldw, d, cst, lo, hi, rowb, D, nb, c, nbytes, 0, 2, RB);
+    if (nbytes > 8) { /* row bytes of half 1 */
+        byte_pass(ph, wv, ldw, d, cst, lo, hi, rowb, D, nb, c, nbytes, 1, 0, RB);
+        byte_pass(ph, wv, ldw, d, cst, lo, hi, rowb, D, nb, c, nbytes, 1, 2, RB);
+    }
+    int ntok = 4 * nbytes;
+    for (int r = 0; r < RB; r++)
+        for (int g = 0; 4 * g < ntok; g += 8)
+            phases_to_tokens(s + (size_t)r * G + 4 * c + 4 * g, (const float(*)[32])ph[r], g, ntok - 4 * g);
+}
+
+/* Always inlined: the entry point calls it with the engines' shapes as constants. */
+AI void qk_byte8(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
+    kkv_key_layout L = key_page_f32(scale, mn, page, D, G, nb);
+    const uint8_t *idx = page + L.idx;
+    int16_t rch[KKV_MAX_HEAD_DIM];
+    rank_channels(rch, idx, D, nb);
+    size_t rowb = (size_t)G / 4;
+    int npair = D / 2 + (nb + 1) / 2;
+    for (int r0 = 0; r0 < n_rep; r0 += RBB) {
+        int rb = n_rep - r0 < RBB ? n_rep - r0 : RBB;
+        float d[RBB], cst[RBB];
+        int16_t x[RBB][WX]; /* [head][D channels, the high ranks, zeros: 2 npair + 16 <= 400 <= WX] */
+        if (!fold_query(x, d, cst, q + (size_t)r0 * D, rb, scale, mn, idx, rch, D, nb, (float)QMAX8)) {
+            kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
+            return;
+        }
+        int32_t wv[RBB][LDW]; /* [head][pair] bytes (x_a, x_b, x_a, x_b) */
+        for (int r = 0; r < rb; r++) { /* 16 channels -> 8 pairs at a time */
+            _mm256_storeu_si256((__m256i *)(void *)(x[r] + 2 * npair), _mm256_setzero_si256());
+            for (int p = 0; p < npair; p += 8) {
+                __m128i b = _mm_packs_epi16(_mm_loadu_si128((const __m128i *)(const void *)(x[r] + 2 * p)),
+                                            _mm_loadu_si128((const __m128i *)(const void *)(x[r] + 2 * p + 8)));
+                _mm_storeu_si128((__m128i *)(void *)(wv[r] + p), _mm_unpacklo_epi16(b, b));
+                _mm_storeu_si128((__m128i *)(void *)(wv[r] + p + 4), _mm_unpackhi_epi16(b, b));
+            }
+        }
+        float *sr = s + (size_t)r0 * G;
+        const uint8_t *lo = page + L.lo, *hi = page + L.hi;
+        for (size_t c = 0; c < rowb; c += 32) {
+            int nbytes = rowb - c < 32 ? (int)(rowb - c) : 32;
+            if (rb == 3) byte_chunk(sr, G, wv[0], LDW, d, cst, lo, hi, D, nb, c, nbytes, 3);
+            else if (rb == 2) byte_chunk(sr, G, wv[0], LDW, d, cst, lo, hi, D, nb, c, nbytes, 2);
+            else byte_chunk(sr, G, wv[0], LDW, d, cst, lo, hi, D, nb, c, nbytes, 1);
+        }
+    }
+}
+
+void kkv_avx2_qk_byte(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    if (2 * nb > D) { /* mostly 4-bit keys: the 16-bit query */
+        kkv_avx2_qk_wide(s, q, n_rep, page, D, G, nb);
+        return;
+    }
+    /* The engines' shapes (SmolLM2: D 64, 3 query heads per KV head; Gemma 3:
+     * D 256 with 4; 128-token pages) get copies with constant sizes. */
+    if (G == 128 && D == 64 && n_rep == 3) qk_byte8(s, q, 3, page, 64, 128, nb);
+    else if (G == 128 && D == 256 && n_rep == 4) qk_byte8(s, q, 4, page, 256, 128, nb);
+    else qk_byte8(s, q, n_rep, page, D, G, nb);
+}
