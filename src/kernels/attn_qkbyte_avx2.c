@@ -48,14 +48,6 @@ int kkv_avx2_qk_byte_qmax(int D, int nb) {
     return 2 * nb <= D ? QMAX8 : kkv_avx2_qk_wide_qmax(D, nb);
 }
 
-/* Row bytes [c, c + nbytes) of a row, zero-extended to 32. */
-AI __m256i row32b(const uint8_t *row, size_t c, int nbytes) {
-    if (nbytes == 32) return _mm256_loadu_si256((const __m256i *)(const void *)(row + c));
-    uint8_t tmp[32] = {0};
-    memcpy(tmp, row + c, (size_t)nbytes);
-    return _mm256_loadu_si256((const __m256i *)(const void *)tmp);
-}
-
 /* a [16] int32 += the 16 int16 lanes of b, shifted left by sh. */
 AI void widen_add(int32_t *a, __m256i b, int sh) {
     __m256i lo = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(b));
@@ -83,8 +75,8 @@ AI void byte_rows(int32_t (*a32)[2][16], const uint8_t *rows, size_t rowb, int n
         __m256i b00 = _mm256_setzero_si256(), b01 = b00, b10 = b00, b11 = b00, b20 = b00, b21 = b00;
         for (int p = p0; p < p1; p++) {
             const uint8_t *ra = rows + (size_t)(2 * p) * rowb;
-            __m256i x0 = row32b(ra, c, nbytes);
-            __m256i x1 = odd ? _mm256_setzero_si256() : row32b(ra + rowb, c, nbytes);
+            __m256i x0 = row32(ra, c, nbytes);
+            __m256i x1 = odd ? _mm256_setzero_si256() : row32(ra + rowb, c, nbytes);
             __m256i V = u ? _mm256_unpackhi_epi8(x0, x1) : _mm256_unpacklo_epi8(x0, x1);
             __m256i X0 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0) : V, m3);
             __m256i X1 = _mm256_and_si256(_mm256_srli_epi16(V, 2 * k0 + 2), m3);

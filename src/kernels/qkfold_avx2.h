@@ -2,7 +2,8 @@
  * attn_qkwide_avx2.c, and the 8-bit one, attn_qkbyte_avx2.c): per page and
  * query head, f_j = q_j scale_j rounded to integers on one step
  * d = max_j |f_j| / qmax, the constant sum_j q_j mn_j plus the centring term,
- * and the high-plane ranks' channels. Include only from -mavx2 files. */
+ * and the high-plane ranks' channels; and the row loads both kernels use.
+ * Include only from -mavx2 files. */
 #ifndef KKV_KERNELS_QKFOLD_AVX2_H
 #define KKV_KERNELS_QKFOLD_AVX2_H
 
