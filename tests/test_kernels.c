@@ -59,7 +59,7 @@
 #define TOL_E2E_INT 0.15
 
 static const int Ds[] = {4, 12, 64, 128, 256};
-static const int Gs[] = {4, 12, 128};
+static const int Gs[] = {4, 12, 100, 128, 260}; /* 100, 260: a partial chunk, and chunks after the first */
 /* the value kernels also over pages of several 128-token blocks and a tail */
 static const int Gs_pv[] = {4, 12, 128, 260};
 static const int REPS[] = {1, 2, 3, 4, 8};
