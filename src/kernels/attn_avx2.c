@@ -455,11 +455,23 @@ void kkv_avx2_softmax(float *sc, float *ml, float *acc, int n_rep, int n, int D,
         for (; t < n; t++) raw = s[t] > raw ? s[t] : raw;
         float mx = raw * inv;
         mx = m_old > mx ? m_old : mx;
-        __m256 vmx = _mm256_set1_ps(mx), vs[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (t = 0; t + 8 <= n; t += 8) { /* vector t / 8 into chain (t / 8) % 2 */
+        /* vector t / 8 goes into chain (t / 8) % 2, two named registers: a
+         * chain picked by index kept both on the stack, and each add waited
+         * for the store of the one before it (~2.5x slower on a Zen 3) */
+        __m256 vmx = _mm256_set1_ps(mx), vs0 = _mm256_setzero_ps(), vs1 = _mm256_setzero_ps();
+        for (t = 0; t + 16 <= n; t += 16) {
+            __m256 e0 = exp_neg(_mm256_fmsub_ps(_mm256_loadu_ps(s + t), vinv, vmx));
+            __m256 e1 = exp_neg(_mm256_fmsub_ps(_mm256_loadu_ps(s + t + 8), vinv, vmx));
+            _mm256_storeu_ps(s + t, e0);
+            _mm256_storeu_ps(s + t + 8, e1);
+            vs0 = _mm256_add_ps(vs0, e0);
+            vs1 = _mm256_add_ps(vs1, e1);
+        }
+        if (t + 8 <= n) { /* an odd vector: chain 0 */
             __m256 e = exp_neg(_mm256_fmsub_ps(_mm256_loadu_ps(s + t), vinv, vmx));
             _mm256_storeu_ps(s + t, e);
-            vs[(t >> 3) & 1] = _mm256_add_ps(vs[(t >> 3) & 1], e);
+            vs0 = _mm256_add_ps(vs0, e);
+            t += 8;
         }
         if (t < n) { /* 1..7 left: through a padded vector, pad lanes masked off */
             float tmp[8] = {0};
@@ -469,9 +481,10 @@ void kkv_avx2_softmax(float *sc, float *ml, float *acc, int n_rep, int n, int D,
             e = _mm256_and_ps(e, _mm256_castsi256_ps(lanes(k)));
             _mm256_storeu_ps(tmp, e);
             memcpy(s + t, tmp, (size_t)k * sizeof(float));
-            vs[(t >> 3) & 1] = _mm256_add_ps(vs[(t >> 3) & 1], e);
+            if ((t >> 3) & 1) vs1 = _mm256_add_ps(vs1, e);
+            else vs0 = _mm256_add_ps(vs0, e);
         }
-        softmax_close(a, ml + 2 * r, D, m_old, mx, hsum(_mm256_add_ps(vs[0], vs[1])));
+        softmax_close(a, ml + 2 * r, D, m_old, mx, hsum(_mm256_add_ps(vs0, vs1)));
     }
 }
 
