@@ -1160,9 +1160,13 @@ static void test_page8(tu_rng *r) {
  * the scalar kernel, beside the 2-bit keys' own quantization error (scalar
  * scores against q . k on the unquantized keys), over 2000 random pages
  * (D 64, G 128, 3 heads; every 7th key channel 8x, every 11th query channel
- * 4x), n_boost 0, 8 and 16. Numbers for docs/RESULTS.md; not a test. */
+ * 4x), n_boost 0, 16 and 32. Numbers for docs/RESULTS.md; not a test. */
 static int score_error(void) {
     enum { D = 64, G = 128, R = 3, NPG = 2000 };
+    if (!kkv_cpu_get()->avx2) {
+        printf("--score-error: this CPU has no AVX2\n");
+        return 1;
+    }
     static float x[G * D], q[R * D], s0[R * G], s1[3][R * G];
     static uint8_t page[8192];
     const qk_page_fn fn[3] = {kkv_avx2_qk_wide, kkv_avx2_qk_byte, kkv_avx2i_qk_page};

@@ -44,10 +44,6 @@
 #define LDW (WX / 2 + 8) /* pair weights per head, with room for the last 8 written */
 #define QMAX8 127  /* the query's largest |x|: a vpmaddubsw weight is int8 */
 
-int kkv_avx2_qk_byte_qmax(int D, int nb) {
-    return 2 * nb <= D ? QMAX8 : kkv_avx2_qk_wide_qmax(D, nb);
-}
-
 /* a [16] int32 += the 16 int16 lanes of b, shifted left by sh. */
 AI void widen_add(int32_t *a, __m256i b, int sh) {
     __m256i lo = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(b));

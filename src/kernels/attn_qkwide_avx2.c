@@ -1,5 +1,7 @@
-/* Key page scores with a 16-bit query on AVX2 (vpmaddwd): the key kernel of
- * the AVX2 table, for CPUs without VNNI (the Zen 3 this project targets).
+/* Key page scores with a 16-bit query on AVX2 (vpmaddwd): the AVX2 tables'
+ * key kernel for pages with more than D / 2 boosted channels, which the
+ * 8-bit kernel (attn_qkbyte_avx2.c, every other page) hands to it: their
+ * 4-bit codes multiply a coarse query's rounding by up to 7.5.
  *
  * s_t = sum_j q_j k_tj with k_tj = c_tj * scale_j + mn_j, so
  *   s_t = sum_j f_j c_tj + sum_j q_j mn_j,   f_j = q_j * scale_j.

@@ -45,12 +45,11 @@ void kkv_avx2_qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, 
                       int nb);
 int  kkv_avx2_qk_wide_qmax(int D, int nb);
 /* Key scores with an 8-bit query on one step per page and head, vpmaddubsw
- * (attn_qkbyte_avx2.c; the AVX2 tables' key kernel). Pages with n_boost >
- * D / 2 go to kkv_avx2_qk_wide. Its error bound: d = max |q_j scale_j| /
- * kkv_avx2_qk_byte_qmax(D, nb) (127, or the wide kernel's). */
+ * (attn_qkbyte_avx2.c; the AVX2 tables' key kernel). Its error bound:
+ * d = max |q_j scale_j| / 127. Pages with n_boost > D / 2 go to
+ * kkv_avx2_qk_wide (and its bound). */
 void kkv_avx2_qk_byte(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
                       int nb);
-int  kkv_avx2_qk_byte_qmax(int D, int nb);
 void kkv_avxvnni_qk_page(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
                          int nb);
 void kkv_avxvnni_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
