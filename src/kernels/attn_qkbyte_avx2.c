@@ -43,6 +43,7 @@
 #define BLK 32     /* channel pairs per int16 block: 32 x 762 <= 32767 */
 #define LDW (WX / 2 + 8) /* pair weights per head, with room for the last 8 written */
 #define QMAX8 127  /* the query's largest |x|: a vpmaddubsw weight is int8 */
+_Static_assert(RBB <= QK_RB_MAX, "fold_query folds at most QK_RB_MAX heads");
 
 /* a [16] int32 += the 16 int16 lanes of b, shifted left by sh. */
 AI void widen_add(int32_t *a, __m256i b, int sh) {
@@ -165,18 +166,15 @@ AI void byte_chunk(float *s, int G, const int32_t *wv, size_t ldw, const float *
 
 /* Always inlined: the entry point calls it with the engines' shapes as constants. */
 AI void qk_byte8(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
-    float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
-    kkv_key_layout L = key_page_f32(scale, mn, page, D, G, nb);
-    const uint8_t *idx = page + L.idx;
-    int16_t rch[KKV_MAX_HEAD_DIM];
-    rank_channels(rch, idx, D, nb);
+    qk_page_view P;
+    qk_page_view_of(&P, page, D, G, nb);
     size_t rowb = (size_t)G / 4;
     int npair = D / 2 + (nb + 1) / 2;
     for (int r0 = 0; r0 < n_rep; r0 += RBB) {
         int rb = n_rep - r0 < RBB ? n_rep - r0 : RBB;
         float d[RBB], cst[RBB];
         int16_t x[RBB][WX]; /* [head][D channels, the high ranks, zeros: 2 npair + 16 <= 400 <= WX] */
-        if (!fold_query(x, d, cst, q + (size_t)r0 * D, rb, scale, mn, idx, rch, D, nb, (float)QMAX8)) {
+        if (!fold_query(x, d, cst, q + (size_t)r0 * D, rb, &P, D, nb, (float)QMAX8)) {
             kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
             return;
         }
@@ -191,12 +189,11 @@ AI void qk_byte8(float *s, const float *q, int n_rep, const uint8_t *page, int D
             }
         }
         float *sr = s + (size_t)r0 * G;
-        const uint8_t *lo = page + L.lo, *hi = page + L.hi;
         for (size_t c = 0; c < rowb; c += 32) {
             int nbytes = rowb - c < 32 ? (int)(rowb - c) : 32;
-            if (rb == 3) byte_chunk(sr, G, wv[0], LDW, d, cst, lo, hi, D, nb, c, nbytes, 3);
-            else if (rb == 2) byte_chunk(sr, G, wv[0], LDW, d, cst, lo, hi, D, nb, c, nbytes, 2);
-            else byte_chunk(sr, G, wv[0], LDW, d, cst, lo, hi, D, nb, c, nbytes, 1);
+            if (rb == 3) byte_chunk(sr, G, wv[0], LDW, d, cst, P.lo, P.hi, D, nb, c, nbytes, 3);
+            else if (rb == 2) byte_chunk(sr, G, wv[0], LDW, d, cst, P.lo, P.hi, D, nb, c, nbytes, 2);
+            else byte_chunk(sr, G, wv[0], LDW, d, cst, P.lo, P.hi, D, nb, c, nbytes, 1);
         }
     }
 }

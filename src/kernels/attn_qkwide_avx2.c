@@ -36,6 +36,7 @@
 #include "kernels/qkfold_avx2.h"
 
 #define RBW 3 /* query heads per pass (two phases each: 6 accumulators of the 16 ymm) */
+_Static_assert(RBW <= QK_RB_MAX, "fold_query folds at most QK_RB_MAX heads");
 
 int kkv_avx2_qk_wide_qmax(int D, int nb) {
     long long lim = 2147483647LL / (64LL * (3LL * D + 12LL * nb));
@@ -151,27 +152,23 @@ AI void wide_rb(float *s, int G, const int32_t *wv, size_t ldw, const float *d, 
 
 /* Always inlined: the entry point calls it with the engines' shapes as constants. */
 AI void qk_wide16(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
-    float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
-    kkv_key_layout L = key_page_f32(scale, mn, page, D, G, nb);
-    const uint8_t *idx = page + L.idx;
-    int16_t rch[KKV_MAX_HEAD_DIM];
-    rank_channels(rch, idx, D, nb);
+    qk_page_view P;
+    qk_page_view_of(&P, page, D, G, nb);
     float qmax = (float)kkv_avx2_qk_wide_qmax(D, nb);
     for (int r0 = 0; r0 < n_rep; r0 += RBW) {
         int rb = n_rep - r0 < RBW ? n_rep - r0 : RBW;
         float d[RBW], cst[RBW];
         int16_t x[RBW][WX]; /* [head][D channels, then the high ranks] */
-        if (!fold_query(x, d, cst, q + (size_t)r0 * D, rb, scale, mn, idx, rch, D, nb, qmax)) {
+        if (!fold_query(x, d, cst, q + (size_t)r0 * D, rb, &P, D, nb, qmax)) {
             kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
             return;
         }
         const int32_t *wv = (const int32_t *)(const void *)x[0]; /* [head][pair] (x_a, x_b), WX / 2 apart */
         float *sr = s + (size_t)r0 * G;
-        const uint8_t *lo = page + L.lo, *hi = page + L.hi;
         const size_t ldw = WX / 2;
-        if (rb == 3) wide_rb(sr, G, wv, ldw, d, cst, lo, hi, D, nb, 3);
-        else if (rb == 2) wide_rb(sr, G, wv, ldw, d, cst, lo, hi, D, nb, 2);
-        else wide_rb(sr, G, wv, ldw, d, cst, lo, hi, D, nb, 1);
+        if (rb == 3) wide_rb(sr, G, wv, ldw, d, cst, P.lo, P.hi, D, nb, 3);
+        else if (rb == 2) wide_rb(sr, G, wv, ldw, d, cst, P.lo, P.hi, D, nb, 2);
+        else wide_rb(sr, G, wv, ldw, d, cst, P.lo, P.hi, D, nb, 1);
     }
 }
 

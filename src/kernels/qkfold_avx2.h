@@ -20,7 +20,7 @@ AI int32_t ld32(const int32_t *p) {
     return v;
 }
 
-#define QK_RB_MAX 4 /* the most query heads a kernel folds at once */
+#define QK_RB_MAX 3 /* the most query heads a kernel folds at once */
 /* int16 weights of one head: the D channels, then the nb high-plane ranks
  * (the x of the channel each belongs to), an odd nb padded with a 0 */
 #define WX (2 * KKV_MAX_HEAD_DIM + 2)
@@ -49,11 +49,29 @@ AI void rank_channels(int16_t *rch, const uint8_t *idx, int D, int nb) {
     memcpy(rch, tmp, (size_t)nb * sizeof *rch);
 }
 
-/* Integer query of RB (<= QK_RB_MAX) heads on one step per head, |x| <= qmax: x[r][j] = rint(f_j / d[r]) for the D channels,
- * then x of the channel of each high rank at D + k. d[r]: the step; cst[r]:
- * sum q mn plus the centring term. Returns 0 when some f is not finite. */
-AI int fold_query(int16_t (*x)[WX], float *d, float *cst, const float *q, int RB, const float *scale,
-              const float *mn, const uint8_t *idx, const int16_t *rch, int D, int nb, float qmax) {
+/* What a key page gives every query head: its scales and zero points as
+ * f32, where its planes lie, and the channel of each high-plane rank. */
+typedef struct qk_page_view {
+    float          scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
+    int16_t        rch[KKV_MAX_HEAD_DIM];                         /* [nb] */
+    const uint8_t *idx, *lo, *hi; /* in the page: [D] ranks, [D][G/4] and [nb][G/4] code rows */
+} qk_page_view;
+
+AI void qk_page_view_of(qk_page_view *P, const uint8_t *page, int D, int G, int nb) {
+    kkv_key_layout L = key_page_f32(P->scale, P->mn, page, D, G, nb);
+    P->idx = page + L.idx, P->lo = page + L.lo, P->hi = page + L.hi;
+    rank_channels(P->rch, P->idx, D, nb);
+}
+
+/* Integer query of RB (<= QK_RB_MAX) heads on one step per head, |x| <=
+ * qmax: x[r][j] = rint(f_j / d[r]) for the D channels, then x of the
+ * channel of each high rank at D + k. d[r]: the step; cst[r]: sum q mn plus
+ * the centring term. Returns 0 when some f is not finite. */
+AI int fold_query(int16_t (*x)[WX], float *d, float *cst, const float *q, int RB, const qk_page_view *P,
+                  int D, int nb, float qmax) {
+    const float *scale = P->scale, *mn = P->mn;
+    const uint8_t *idx = P->idx;
+    const int16_t *rch = P->rch;
     const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 mx[QK_RB_MAX], bad = _mm256_setzero_ps();
     for (int r = 0; r < RB; r++) mx[r] = _mm256_setzero_ps();
