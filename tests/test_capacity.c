@@ -3,11 +3,14 @@
  * pool-full), staging given back as Q-buffers flush, thread-count and
  * chunking invariance with forks, and kkv_seq_save / kkv_seq_load (round
  * trip byte for byte, continuation, every corruption refused with the cache
- * unchanged). Run under ASan+UBSan by the sanitizer build. */
+ * unchanged), and a pool that spans several slabs. Run under ASan+UBSan by
+ * the sanitizer build. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bigmem.h"
 #include "kittykv.h"
 #include "testutil.h"
 
@@ -612,6 +615,72 @@ static void write_corpus(const char *dir) {
         }
 }
 
+/* A pool whose slots span several slabs (cache/cache.h: KKV_SLAB_BYTES; one
+ * 2 MiB chunk each under ASan): every page of a long fp16 sequence reads back
+ * exactly what was appended, so no two chunks overlap across a slab's edge,
+ * and the pool's bytes leave room for the whole context. Values are
+ * multiples of 1/64 in [-16, 16), exact in fp16. */
+static float slab_val(int t, int h, int d, int which) {
+    uint32_t x = (uint32_t)t * 2654435761u ^ (uint32_t)(h * 131 + d * 7 + which * 977) * 40503u;
+    return (float)((x >> 7) % 2048u) / 64.0f - 16.0f;
+}
+
+/* core/bigmem.h: zeroed, writable to its last byte, 2 MiB-aligned on the
+ * huge-page path; no block for 0 or absurd sizes; NULL frees as a no-op. */
+static void test_big_alloc(void) {
+    size_t sizes[] = {1, 4096, KKV_BIG_ALIGN - 1, KKV_BIG_ALIGN, 3 * KKV_BIG_ALIGN + 5};
+    for (int i = 0; i < 5; i++) {
+        uint8_t *p = kkv_big_alloc(sizes[i]);
+        CHECK(p != NULL, "big_alloc %zu: NULL", sizes[i]);
+        if (!p) continue;
+        size_t nz = 0;
+        for (size_t j = 0; j < sizes[i]; j++) nz += p[j] != 0;
+        CHECK(nz == 0, "big_alloc %zu: %zu bytes not zero", sizes[i], nz);
+        memset(p, 0xA5, sizes[i]);
+        CHECK((uintptr_t)p % 64 == 0, "big_alloc %zu: %p not 64-byte aligned", sizes[i], (void *)p);
+#if defined(__linux__) && KKV_BIG_CARVE
+        CHECK((uintptr_t)p % KKV_BIG_ALIGN == 0, "big_alloc %zu: %p not 2 MiB-aligned", sizes[i], (void *)p);
+#endif
+        kkv_big_free(p, sizes[i]);
+    }
+    CHECK(kkv_big_alloc(0) == NULL, "big_alloc 0: a block");
+    CHECK(kkv_big_alloc(SIZE_MAX) == NULL && kkv_big_alloc(SIZE_MAX / 2 + 1) == NULL, "big_alloc: a block of SIZE_MAX");
+    kkv_big_free(NULL, 0);
+    kkv_big_free(NULL, 1 << 20);
+}
+
+static void test_slabs(void) {
+    enum { SH = 4, SD = 128, ST = 34000 };
+    kkv_method m = meth("fp16", 0, 0);
+    m.group = 16; /* a slot is 4 heads x 2 x 16 x 128 x 2 B = 32 KiB; a chunk 2 MiB */
+    kkv_cache_config cfg = {.n_layers = 1, .n_kv_heads = SH, .head_dim = SD,
+                            .pool_bytes = (size_t)80 << 20, .n_threads = 1, .method = m};
+    kkv_cache *c = NULL;
+    CHECK(kkv_cache_create(&c, &cfg) == KKV_OK, "slabs: create: %s", kkv_last_error());
+    if (!c) return;
+    int s = -1;
+    CHECK(kkv_seq_add(c, &s) == KKV_OK, "slabs: seq_add: %s", kkv_last_error());
+    static float k[SH * SD], v[SH * SD]; /* [H][D] */
+    for (int t = 0; t < ST && !tu_failed(); t++) {
+        for (int h = 0; h < SH; h++)
+            for (int d = 0; d < SD; d++) k[h * SD + d] = slab_val(t, h, d, 0), v[h * SD + d] = slab_val(t, h, d, 1);
+        CHECK(kkv_append(c, s, 0, k, v) == KKV_OK, "slabs: append %d: %s", t, kkv_last_error());
+    }
+    float *rk = malloc((size_t)ST * SD * sizeof *rk), *rv = malloc((size_t)ST * SD * sizeof *rv); /* [T][D] */
+    CHECK(rk && rv && kkv_seq_len(c, s, 0) == ST, "slabs: %d tokens", kkv_seq_len(c, s, 0));
+    for (int h = 0; h < SH && rk && rv && !tu_failed(); h++) {
+        CHECK(kkv_seq_read(c, rk, rv, s, 0, h) == KKV_OK, "slabs: read: %s", kkv_last_error());
+        long bad = 0;
+        for (int t = 0; t < ST; t++)
+            for (int d = 0; d < SD; d++)
+                bad += rk[(size_t)t * SD + d] != slab_val(t, h, d, 0) || rv[(size_t)t * SD + d] != slab_val(t, h, d, 1);
+        CHECK(bad == 0, "slabs: head %d: %ld values differ from what was appended", h, bad);
+    }
+    free(rk);
+    free(rv);
+    kkv_cache_free(c);
+}
+
 int main(void) {
     if (getenv("KKV_FUZZ_CORPUS")) {
         write_corpus(getenv("KKV_FUZZ_CORPUS"));
@@ -619,6 +688,8 @@ int main(void) {
     }
     test_eager();
     test_fork();
+    test_big_alloc();
+    test_slabs();
     const char *rel[] = {"kitty", "fp16", "kivi-k2v4s", "kivi-k8v8", "kitty:sink8=1"};
     for (int mi = 0; mi < 5; mi++)
         for (int eager = 0; eager < 2; eager++) {

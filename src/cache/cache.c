@@ -7,6 +7,7 @@
 
 #include "cache/cache.h"
 #include "cache/rotate.h"
+#include "core/bigmem.h"
 #include "core/fp16.h"
 #include "core/rng.h"
 #include "core/status.h"
@@ -65,13 +66,15 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
     c->budget = cfg->pool_bytes;
     uint64_t max_slots = c->budget / c->slot_bytes;
     c->max_slots = max_slots > (1u << 30) ? (1 << 30) : (int)max_slots;
-    size_t n_chunks = ((size_t)c->max_slots + KKV_SLOTS_PER_CHUNK - 1) / KKV_SLOTS_PER_CHUNK;
+    size_t n_chunks = kkv_n_chunks(c), per = KKV_BIG_CARVE ? KKV_SLAB_BYTES / kkv_chunk_stride(c) : 1;
+    c->slab_chunks = per < 1 ? 1 : per > n_chunks ? (int)(n_chunks ? n_chunks : 1) : (int)per;
     c->chunks = calloc(n_chunks ? n_chunks : 1, sizeof *c->chunks);
+    c->slabs = calloc(n_chunks ? n_chunks : 1, sizeof *c->slabs); /* at most one per chunk */
     c->seqs = calloc((size_t)c->cfg.max_seqs, sizeof *c->seqs);
     c->tile = malloc((size_t)c->G * c->D * sizeof *c->tile);
     if (c->bmode) c->bscore = malloc((size_t)c->H * c->D * sizeof *c->bscore);
     kkv_status s = KKV_OK;
-    if (!c->chunks || !c->seqs || !c->tile || (c->bmode && !c->bscore))
+    if (!c->chunks || !c->slabs || !c->seqs || !c->tile || (c->bmode && !c->bscore))
         s = kkv_fail(KKV_ERR_NOMEM, "cache: out of memory");
     c->cfg.layer_window = NULL;
     if (s == KKV_OK && cfg->layer_window) {
@@ -115,10 +118,11 @@ void kkv_cache_free(kkv_cache *c) {
     if (c->seqs)
         for (int i = 0; i < c->cfg.max_seqs; i++)
             if (c->seqs[i].live) seq_release(c, &c->seqs[i]);
-    if (c->chunks) {
-        size_t n_chunks = ((size_t)c->max_slots + KKV_SLOTS_PER_CHUNK - 1) / KKV_SLOTS_PER_CHUNK;
-        for (size_t i = 0; i < n_chunks; i++) free(c->chunks[i]);
+    if (c->slabs) {
+        size_t n_slabs = (kkv_n_chunks(c) + (size_t)c->slab_chunks - 1) / (size_t)c->slab_chunks;
+        for (size_t i = 0; i < n_slabs; i++) kkv_big_free(c->slabs[i], kkv_slab_bytes(c, i));
     }
+    free(c->slabs);
     kkv_tp_free(c->tp_own);
     free(c->chunks);
     free(c->free_slots);

@@ -29,6 +29,10 @@
 #include "kittykv.h"
 
 #define KKV_SLOTS_PER_CHUNK 64
+/* Chunks are carved from slabs of about this many bytes (core/bigmem.h): few
+ * huge-page mappings per cache, each written front to back as slots are made,
+ * so what is resident stays within one 2 MiB page of what the pool made. */
+#define KKV_SLAB_BYTES ((size_t)32 << 20)
 /* Staging grows and shrinks in chunks of this many tokens per region. */
 #define KKV_STAGE_CHUNK 16
 
@@ -84,7 +88,9 @@ struct kkv_cache {
      * credit of every live sequence */
     uint64_t  budget, used;
     int       max_slots;
-    uint8_t **chunks;       /* [ceil(max_slots / KKV_SLOTS_PER_CHUNK)] lazily allocated */
+    uint8_t **chunks;       /* [n_chunks] lazily made; each points into a slab */
+    uint8_t **slabs;        /* [ceil(n_chunks / slab_chunks)] kkv_big_alloc blocks, lazily made */
+    int       slab_chunks;  /* chunks per slab (>= 1) */
     int      *free_slots;   /* [max_slots] stack of free slot ids */
     uint32_t *ref;          /* [max_slots] sequences referencing each slot */
     int       n_free, n_made; /* slots on the stack, slots ever created */
@@ -177,6 +183,18 @@ static inline int kkv_kpage_nb(const kkv_cache *c, const kkv_seq *s, int p, int 
 static inline size_t kkv_chunk_bytes(const kkv_cache *c) {
     return c->slot_bytes * KKV_SLOTS_PER_CHUNK +
            (c->bmode ? (size_t)KKV_SLOTS_PER_CHUNK * c->H * sizeof(uint16_t) : 0);
+}
+/* Distance between chunks in a slab: kkv_chunk_bytes rounded up to 64. */
+static inline size_t kkv_chunk_stride(const kkv_cache *c) {
+    return (kkv_chunk_bytes(c) + 63) & ~(size_t)63;
+}
+static inline size_t kkv_n_chunks(const kkv_cache *c) {
+    return ((size_t)c->max_slots + KKV_SLOTS_PER_CHUNK - 1) / KKV_SLOTS_PER_CHUNK;
+}
+/* Bytes of slab i: slab_chunks chunks, fewer in the last one. */
+static inline size_t kkv_slab_bytes(const kkv_cache *c, size_t i) {
+    size_t left = kkv_n_chunks(c) - i * (size_t)c->slab_chunks;
+    return (left < (size_t)c->slab_chunks ? left : (size_t)c->slab_chunks) * kkv_chunk_stride(c);
 }
 
 /* Token counts of one layer, derived from (len, kp, vq). */

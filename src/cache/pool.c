@@ -1,10 +1,12 @@
-/* Page pool: slots made lazily in chunks, a free stack and a reference count
+/* Page pool: slots made lazily in chunks (carved in order from huge-page
+ * slabs, core/bigmem.h), a free stack and a reference count
  * per slot (forked sequences share pages). The byte budget is kept by the
  * callers' credit accounting (cache.c): c->used counts every slot in use once.
  * Sink blocks are reference-counted the same way. */
 #include <stdlib.h>
 
 #include "cache/cache.h"
+#include "core/bigmem.h"
 #include "core/status.h"
 
 kkv_status kkv_pool_take(kkv_cache *c, int *slot) {
@@ -20,7 +22,12 @@ kkv_status kkv_pool_take(kkv_cache *c, int *slot) {
             if (fs) c->free_slots = fs;
             uint32_t *rf = fs ? realloc(c->ref, n * sizeof *rf) : NULL;
             if (rf) c->ref = rf;
-            if (!c->chunks[chunk] && rf) c->chunks[chunk] = malloc(kkv_chunk_bytes(c));
+            if (!c->chunks[chunk] && rf) {
+                size_t slab = (size_t)chunk / (size_t)c->slab_chunks;
+                if (!c->slabs[slab]) c->slabs[slab] = kkv_big_alloc(kkv_slab_bytes(c, slab));
+                if (c->slabs[slab])
+                    c->chunks[chunk] = c->slabs[slab] + (size_t)(chunk % c->slab_chunks) * kkv_chunk_stride(c);
+            }
             if (!c->chunks[chunk]) return kkv_fail(KKV_ERR_NOMEM, "page pool: out of memory");
         }
         c->ref[c->n_made] = 0;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "core/bigmem.h"
 #include "core/status.h"
 #include "model/ops.h"
 
@@ -431,7 +432,10 @@ static kkv_status pack_weights(kkv_model *m) {
         off[i + 1] = off[i] + b;
     }
     /* no room for the copy: the model runs unpacked (the same results, slower) */
-    if (s == KKV_OK && off[k] > 0) m->packed_mem = aligned_alloc(64, off[k]);
+    if (s == KKV_OK && off[k] > 0) {
+        m->packed_mem = kkv_big_alloc(off[k]); /* huge pages: each step streams it all */
+        m->packed_bytes = off[k];
+    }
     for (int i = 0; i < k && s == KKV_OK && m->packed_mem; i++) {
         if (off[i + 1] == off[i]) continue;
         uint8_t *dst = (uint8_t *)m->packed_mem + off[i];
@@ -560,7 +564,7 @@ void kkv_model_free(kkv_model *m) {
         free(m->layers);
     }
     free(m->output_norm);
-    free(m->packed_mem);
+    kkv_big_free(m->packed_mem, m->packed_bytes);
     free(m->rope_ff);
     free(m->work_mem);
     free(m->w.pos);

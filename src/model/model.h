@@ -83,7 +83,8 @@ struct kkv_model {
     float         *output_norm; /* [n_embd], owned */
     kkv_layer     *layers;     /* [n_layers] */
     uint64_t       fingerprint; /* kkv_model_fingerprint, computed at load (0: vocabulary only) */
-    void          *packed_mem; /* owned: every weight's packed copy (kkv_wt_pack), or NULL */
+    void          *packed_mem; /* owned (kkv_big_alloc): every weight's packed copy (kkv_wt_pack), or NULL */
+    size_t         packed_bytes; /* its size, for kkv_big_free */
     kkv_model_work w;
     float         *work_mem;   /* backing store of w (one block) */
 };

@@ -100,6 +100,7 @@ def test_attention(t, exe, env, kernel):
     if not has_keys(t, name, obj, ["bandwidth_gbs", "rows", "kernel", "threads"]):
         return
     t.check(obj["bandwidth_gbs"] > 0, name + ": bandwidth > 0")
+    t.check(obj.get("bandwidth_4k_pages_gbs", 0) > 0, name + ": a read bandwidth on 4 KiB pages")
     if kernel != "auto":
         t.check(obj["kernel"] == kernel, name + ": the requested kernel ran")
     rows = obj["rows"]

@@ -143,8 +143,12 @@ size_t bench_pool_for(const bench_shape *sh, int ctx, int n_seqs);
 
 /* ---- memory bandwidth */
 /* Best-of-`reps` read bandwidth in GB/s (1e9 bytes/s) of summing a
- * `bytes`-byte array with `threads` threads; < 0 if out of memory. */
+ * `bytes`-byte array with `threads` threads, on transparent huge pages where
+ * the OS has them (the library's pool and weights are); < 0 if out of memory. */
 double bench_read_bandwidth(size_t bytes, int threads, int reps);
+/* The same on 2 MiB pages (what it returns) and, interleaved with it in the
+ * same repetitions, on 4 KiB pages into *small_pages (NULL: not measured). */
+double bench_read_bandwidth_pages(size_t bytes, int threads, int reps, double *small_pages);
 
 /* CPU seconds this process has used, all threads. On a shared machine the
  * wall time of a step includes time the scheduler gave to other jobs; with
