@@ -100,7 +100,11 @@ def test_attention(t, exe, env, kernel):
     if not has_keys(t, name, obj, ["bandwidth_gbs", "rows", "kernel", "threads"]):
         return
     t.check(obj["bandwidth_gbs"] > 0, name + ": bandwidth > 0")
-    t.check(obj.get("bandwidth_4k_pages_gbs", 0) > 0, name + ": a read bandwidth on 4 KiB pages")
+    t.check(obj.get("bandwidth_4k_pages_gbs", 0) > 0 and obj.get("bandwidth_2m_pages_gbs", 0) > 0,
+            name + ": read bandwidths on 4 KiB and 2 MiB pages")
+    t.check(obj["bandwidth_gbs"] == max(obj.get("bandwidth_4k_pages_gbs", 0),
+                                        obj.get("bandwidth_2m_pages_gbs", 0)),
+            name + ": the roofline is the faster page size's read test")
     if kernel != "auto":
         t.check(obj["kernel"] == kernel, name + ": the requested kernel ran")
     rows = obj["rows"]

@@ -143,11 +143,12 @@ size_t bench_pool_for(const bench_shape *sh, int ctx, int n_seqs);
 
 /* ---- memory bandwidth */
 /* Best-of-`reps` read bandwidth in GB/s (1e9 bytes/s) of summing a
- * `bytes`-byte array with `threads` threads, on transparent huge pages where
- * the OS has them (the library's pool and weights are); < 0 if out of memory. */
+ * `bytes`-byte array with `threads` threads: the faster of an array on
+ * transparent huge pages (as the library's pool and weights are, where the OS
+ * has them) and one on 4 KiB pages, read interleaved; < 0 if out of memory. */
 double bench_read_bandwidth(size_t bytes, int threads, int reps);
-/* The same on 2 MiB pages (what it returns) and, interleaved with it in the
- * same repetitions, on 4 KiB pages into *small_pages (NULL: not measured). */
+/* The same, the huge-page array's best returned and the 4 KiB one's in
+ * *small_pages (NULL: only the huge-page array is read). */
 double bench_read_bandwidth_pages(size_t bytes, int threads, int reps, double *small_pages);
 
 /* CPU seconds this process has used, all threads. On a shared machine the

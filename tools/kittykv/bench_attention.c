@@ -189,9 +189,10 @@ int bench_attention(int argc, char **argv) {
     int S = o.scaling && o.threads > 1 ? 2 : 1, K = S * M; /* cache sets; caches */
     fprintf(stderr, "measuring read bandwidth (%d MiB, %d threads%s)...\n", o.bw_mb, o.threads,
             S > 1 ? " and one" : "");
-    double bw = bench_read_bandwidth((size_t)o.bw_mb << 20, o.threads, 5);
+    double bw_small = -1.0, bw_small2 = -1.0; /* on 4 KiB pages */
+    double bw = bench_read_bandwidth_pages((size_t)o.bw_mb << 20, o.threads, 5, &bw_small);
     double bw1 = S > 1 ? bench_read_bandwidth((size_t)o.bw_mb << 20, 1, 5) : bw;
-    if (bw <= 0 || bw1 <= 0) {
+    if (bw <= 0 || bw_small <= 0 || bw1 <= 0) {
         fprintf(stderr, "kittykv " CMD ": out of memory for the read test\n");
         return 1;
     }
@@ -243,11 +244,13 @@ int bench_attention(int argc, char **argv) {
         return rc;
     }
     /* A second read test after the timings: the best of both is the roofline.
-     * It also reads an array on 4 KiB pages, interleaved: what huge pages give
-     * a stream on this machine (the pool's slabs are on them, core/bigmem.h). */
-    double bw_small = -1.0;
-    double bw2 = bench_read_bandwidth_pages((size_t)o.bw_mb << 20, o.threads, 5, &bw_small);
-    if (bw2 > bw) bw = bw2;
+     * Each reads an array on 2 MiB pages (as the pool's slabs are,
+     * core/bigmem.h) and one on 4 KiB pages, interleaved: the roofline is the
+     * faster, so the page size the cache uses cannot flatter it. */
+    double bw2 = bench_read_bandwidth_pages((size_t)o.bw_mb << 20, o.threads, 5, &bw_small2);
+    double bw_huge = bw2 > bw ? bw2 : bw;
+    if (bw_small2 > bw_small) bw_small = bw_small2;
+    bw = bw_small > bw_huge ? bw_small : bw_huge;
     if (S > 1) {
         bw2 = bench_read_bandwidth((size_t)o.bw_mb << 20, 1, 5);
         if (bw2 > bw1) bw1 = bw2;
@@ -261,9 +264,9 @@ int bench_attention(int argc, char **argv) {
            sh.n_layers, sh.n_heads, sh.n_kv_heads, sh.head_dim,
            sh.from_model ? ", from the model" : ", default shapes", kkv_kernel_name(used),
            o.threads, o.threads > 1 ? "s" : "");
-    printf("read bandwidth (sum over %d MiB, %d thread%s, best of 10): %.2f GB/s; on 4 KiB pages "
-           "instead of 2 MiB, %.2f GB/s (best of 5, interleaved)\n", o.bw_mb,
-           o.threads, o.threads > 1 ? "s" : "", bw, bw_small);
+    printf("read bandwidth (sum over %d MiB, %d thread%s): %.2f GB/s, the best of 10 reads on 2 MiB "
+           "pages (%.2f) and 10 on 4 KiB pages (%.2f), interleaved\n", o.bw_mb,
+           o.threads, o.threads > 1 ? "s" : "", bw, bw_huge, bw_small);
     printf("%-11s %7s %11s %10s %10s %11s %8s %8s %9s %8s %8s\n", "method", "ctx", "us/token",
            "us best", "cpu us", "MB/token", "bits/el", "GB/s", "roofline", "vs fp16",
            "cpu vs");
@@ -292,6 +295,8 @@ int bench_attention(int argc, char **argv) {
                o.threads, sh.n_layers, sh.n_heads, sh.n_kv_heads, sh.head_dim,
                sh.from_model ? "true" : "false");
         bench_json_num(stdout, bw);
+        printf(",\"bandwidth_2m_pages_gbs\":");
+        bench_json_num(stdout, bw_huge);
         printf(",\"bandwidth_4k_pages_gbs\":");
         bench_json_num(stdout, bw_small);
         if (S > 1) {

@@ -37,7 +37,8 @@ static void usage(FILE *f) {
             "-t threads over one: what a step that only streamed memory could gain.\n"
             "MB/step: the weight matrices a step streams (kkv_model_decode_bytes) plus the\n"
             "stored K/V of the step's sequences; roofline: MB/step / median step over the\n"
-            "read bandwidth of -t threads, measured before and after the steps (best).\n"
+            "read bandwidth of -t threads, measured before and after the steps (best, on\n"
+            "2 MiB or 4 KiB pages).\n"
             "Default model: %s\n",
             cli_default_model());
 }
@@ -302,7 +303,8 @@ int bench_decode(int argc, char **argv) {
                "context = synthetic K/V (prefill not timed), decode = real model\n",
                info.name[0] ? info.name : info.arch, info.n_layers, o.threads,
                o.threads > 1 ? "s" : "", kkv_kernel_name(used));
-        printf("read bandwidth (sum over %d MiB, %d thread%s, best of 10): %.2f GB/s\n", o.bw_mb,
+        printf("read bandwidth (sum over %d MiB, %d thread%s, best of 10 on 2 MiB and 10 on 4 KiB "
+               "pages, interleaved): %.2f GB/s\n", o.bw_mb,
                o.threads, o.threads > 1 ? "s" : "", bw);
         printf("%-11s %7s %5s %10s %10s %10s %10s %10s %10s %8s %9s %9s %9s %8s\n", "method",
                "depth", "batch", "tok/s", "cpu tok/s", "ms/step", "ms IQR", "ms best", "cpu ms",

@@ -463,7 +463,8 @@ double bench_read_bandwidth_pages(size_t bytes, int threads, int reps, double *s
 }
 
 double bench_read_bandwidth(size_t bytes, int threads, int reps) {
-    return bench_read_bandwidth_pages(bytes, threads, reps, NULL);
+    double small = -1.0, huge = bench_read_bandwidth_pages(bytes, threads, reps, &small);
+    return huge < 0 || small < 0 ? -1.0 : huge > small ? huge : small;
 }
 
 double bench_cpu_now(void) {
