@@ -7,6 +7,7 @@
  * the sanitizer build. */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -625,8 +626,31 @@ static float slab_val(int t, int h, int d, int which) {
     return (float)((x >> 7) % 2048u) / 64.0f - 16.0f;
 }
 
+#if defined(__linux__)
+/* 1 when the mapping holding p is advised MADV_HUGEPAGE ("hg" in its smaps
+ * VmFlags), 0 when not, -1 when /proc/self/smaps cannot say. */
+static int vma_advised_huge(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0, r = -1;
+    uintptr_t a = (uintptr_t)p;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) in = a >= lo && a < hi;
+        else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            r = strstr(line, " hg") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return r;
+}
+#endif
+
 /* core/bigmem.h: zeroed, writable to its last byte, 2 MiB-aligned on the
- * huge-page path; no block for 0 or absurd sizes; NULL frees as a no-op. */
+ * huge-page path and advised huge unless KKV_HUGEPAGES=0; no block for 0 or
+ * absurd sizes; NULL frees as a no-op. */
 static void test_big_alloc(void) {
     size_t sizes[] = {1, 4096, KKV_BIG_ALIGN - 1, KKV_BIG_ALIGN, 3 * KKV_BIG_ALIGN + 5};
     for (int i = 0; i < 5; i++) {
@@ -643,6 +667,23 @@ static void test_big_alloc(void) {
 #endif
         kkv_big_free(p, sizes[i]);
     }
+#if defined(__linux__) && KKV_BIG_CARVE
+    /* the advice is on the mapping (smaps VmFlags "hg"), and KKV_HUGEPAGES=0
+     * leaves it off; where the kernel has no THP at all, madvise fails and
+     * there is nothing to see */
+    FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (thp) {
+        fclose(thp);
+        for (int off = 0; off < 2; off++) {
+            if (off) setenv("KKV_HUGEPAGES", "0", 1);
+            uint8_t *p = kkv_big_alloc(KKV_BIG_ALIGN);
+            int hg = p ? vma_advised_huge(p) : -1;
+            CHECK(hg == !off, "big_alloc with KKV_HUGEPAGES %s: VmFlags hg %d", off ? "0" : "unset", hg);
+            kkv_big_free(p, KKV_BIG_ALIGN);
+        }
+        unsetenv("KKV_HUGEPAGES");
+    }
+#endif
     CHECK(kkv_big_alloc(0) == NULL, "big_alloc 0: a block");
     CHECK(kkv_big_alloc(SIZE_MAX) == NULL && kkv_big_alloc(SIZE_MAX / 2 + 1) == NULL, "big_alloc: a block of SIZE_MAX");
     kkv_big_free(NULL, 0);

@@ -17,6 +17,13 @@ static size_t round_big(size_t bytes) {
     return (bytes + KKV_BIG_ALIGN - 1) & ~(KKV_BIG_ALIGN - 1);
 }
 
+/* KKV_HUGEPAGES=0: no advice (the OS's default page size, as before) for a
+ * machine where THP compaction stalls or memory granularity matter more. */
+static int advise_huge(void) {
+    const char *e = getenv("KKV_HUGEPAGES");
+    return !(e && strcmp(e, "0") == 0);
+}
+
 void *kkv_big_alloc(size_t bytes) {
     if (bytes == 0 || bytes > SIZE_MAX / 2) return NULL;
     size_t len = round_big(bytes);
@@ -32,7 +39,7 @@ void *kkv_big_alloc(size_t bytes) {
     if (tail) munmap(p + len, tail);
     /* advice only: a kernel built without THP says EINVAL and the block
      * still works with small pages */
-    (void)madvise(p, len, MADV_HUGEPAGE);
+    if (advise_huge()) (void)madvise(p, len, MADV_HUGEPAGE);
     return p;
 }
 

@@ -5,6 +5,7 @@
  * 100 MB takes ~50 TLB entries instead of ~25,000: on a Zen 3 that made
  * decode ~7% faster at depth 0 and kitty attention ~3% at 16K-32K
  * (docs/RESULTS.md). Elsewhere it is a 64-byte-aligned heap block.
+ * KKV_HUGEPAGES=0 in the environment leaves the mappings unadvised.
  *
  * The memory is zero-filled, and pages are made resident only when first
  * written: an unused tail costs address space, not RAM (at most one 2 MiB
