@@ -2,8 +2,8 @@
  * streams end to end: the page pool's slabs and the packed weights. Where the
  * OS offers transparent huge pages (Linux, THP "always" or "madvise"), the
  * region is 2 MiB-aligned and advised MADV_HUGEPAGE, so a step that walks
- * 100 MB takes ~50 TLB entries instead of ~25,000: on a Zen 3 that made
- * decode ~7% faster at depth 0 and kitty attention ~3% at 16K-32K
+ * 100 MB takes ~50 TLB entries instead of ~25,000: on a Zen 3, fp16
+ * attention at 16K 6-9% faster, kitty's 2-4%, decode at depth 0 ~4%
  * (docs/RESULTS.md). Elsewhere it is a 64-byte-aligned heap block.
  * KKV_HUGEPAGES=0 in the environment leaves the mappings unadvised.
  *
