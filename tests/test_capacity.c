@@ -626,7 +626,7 @@ static float slab_val(int t, int h, int d, int which) {
     return (float)((x >> 7) % 2048u) / 64.0f - 16.0f;
 }
 
-#if defined(__linux__)
+#if defined(__linux__) && KKV_BIG_CARVE
 /* 1 when the mapping holding p is advised MADV_HUGEPAGE ("hg" in its smaps
  * VmFlags), 0 when not, -1 when /proc/self/smaps cannot say. */
 static int vma_advised_huge(const void *p) {
