@@ -67,9 +67,9 @@ kkv_status kkv_cache_create(kkv_cache **out, const kkv_cache_config *cfg) {
     uint64_t max_slots = c->budget / c->slot_bytes;
     c->max_slots = max_slots > (1u << 30) ? (1 << 30) : (int)max_slots;
     size_t n_chunks = kkv_n_chunks(c), per = KKV_BIG_CARVE ? KKV_SLAB_BYTES / kkv_chunk_stride(c) : 1;
-    c->slab_chunks = per < 1 ? 1 : per > n_chunks ? (int)(n_chunks ? n_chunks : 1) : (int)per;
+    c->slab_chunks = per < 1 ? 1 : (int)per; /* <= 32 MiB / 64 B; a chunk past 32 MiB is a slab */
     c->chunks = calloc(n_chunks ? n_chunks : 1, sizeof *c->chunks);
-    c->slabs = calloc(n_chunks ? n_chunks : 1, sizeof *c->slabs); /* at most one per chunk */
+    c->slabs = calloc(kkv_n_slabs(c) ? kkv_n_slabs(c) : 1, sizeof *c->slabs);
     c->seqs = calloc((size_t)c->cfg.max_seqs, sizeof *c->seqs);
     c->tile = malloc((size_t)c->G * c->D * sizeof *c->tile);
     if (c->bmode) c->bscore = malloc((size_t)c->H * c->D * sizeof *c->bscore);
@@ -119,8 +119,7 @@ void kkv_cache_free(kkv_cache *c) {
         for (int i = 0; i < c->cfg.max_seqs; i++)
             if (c->seqs[i].live) seq_release(c, &c->seqs[i]);
     if (c->slabs) {
-        size_t n_slabs = (kkv_n_chunks(c) + (size_t)c->slab_chunks - 1) / (size_t)c->slab_chunks;
-        for (size_t i = 0; i < n_slabs; i++) kkv_big_free(c->slabs[i], kkv_slab_bytes(c, i));
+        for (size_t i = 0; i < kkv_n_slabs(c); i++) kkv_big_free(c->slabs[i], kkv_slab_bytes(c, i));
     }
     free(c->slabs);
     kkv_tp_free(c->tp_own);

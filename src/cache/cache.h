@@ -89,7 +89,7 @@ struct kkv_cache {
     uint64_t  budget, used;
     int       max_slots;
     uint8_t **chunks;       /* [n_chunks] lazily made; each points into a slab */
-    uint8_t **slabs;        /* [ceil(n_chunks / slab_chunks)] kkv_big_alloc blocks, lazily made */
+    uint8_t **slabs;        /* [kkv_n_slabs] kkv_big_alloc blocks, lazily made */
     int       slab_chunks;  /* chunks per slab (>= 1) */
     int      *free_slots;   /* [max_slots] stack of free slot ids */
     uint32_t *ref;          /* [max_slots] sequences referencing each slot */
@@ -190,6 +190,9 @@ static inline size_t kkv_chunk_stride(const kkv_cache *c) {
 }
 static inline size_t kkv_n_chunks(const kkv_cache *c) {
     return ((size_t)c->max_slots + KKV_SLOTS_PER_CHUNK - 1) / KKV_SLOTS_PER_CHUNK;
+}
+static inline size_t kkv_n_slabs(const kkv_cache *c) {
+    return (kkv_n_chunks(c) + (size_t)c->slab_chunks - 1) / (size_t)c->slab_chunks;
 }
 /* Bytes of slab i: slab_chunks chunks, fewer in the last one. */
 static inline size_t kkv_slab_bytes(const kkv_cache *c, size_t i) {

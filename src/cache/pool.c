@@ -22,13 +22,15 @@ kkv_status kkv_pool_take(kkv_cache *c, int *slot) {
             if (fs) c->free_slots = fs;
             uint32_t *rf = fs ? realloc(c->ref, n * sizeof *rf) : NULL;
             if (rf) c->ref = rf;
-            if (!c->chunks[chunk] && rf) {
+            if (!rf) return kkv_fail(KKV_ERR_NOMEM, "page pool: out of memory for the slot table");
+            if (!c->chunks[chunk]) {
                 size_t slab = (size_t)chunk / (size_t)c->slab_chunks;
                 if (!c->slabs[slab]) c->slabs[slab] = kkv_big_alloc(kkv_slab_bytes(c, slab));
-                if (c->slabs[slab])
-                    c->chunks[chunk] = c->slabs[slab] + (size_t)(chunk % c->slab_chunks) * kkv_chunk_stride(c);
+                if (!c->slabs[slab])
+                    return kkv_fail(KKV_ERR_NOMEM, "page pool: out of memory for a %zu-byte slab of pages",
+                                    kkv_slab_bytes(c, slab));
+                c->chunks[chunk] = c->slabs[slab] + (size_t)(chunk % c->slab_chunks) * kkv_chunk_stride(c);
             }
-            if (!c->chunks[chunk]) return kkv_fail(KKV_ERR_NOMEM, "page pool: out of memory");
         }
         c->ref[c->n_made] = 0;
         c->free_slots[c->n_free++] = c->n_made++;

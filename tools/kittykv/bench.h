@@ -147,8 +147,8 @@ size_t bench_pool_for(const bench_shape *sh, int ctx, int n_seqs);
  * transparent huge pages (as the library's pool and weights are, where the OS
  * has them) and one on 4 KiB pages, read interleaved; < 0 if out of memory. */
 double bench_read_bandwidth(size_t bytes, int threads, int reps);
-/* The same, the huge-page array's best returned and the 4 KiB one's in
- * *small_pages (NULL: only the huge-page array is read). */
+/* The same two reads, the huge-page array's best returned and the 4 KiB
+ * one's in *small_pages. */
 double bench_read_bandwidth_pages(size_t bytes, int threads, int reps, double *small_pages);
 
 /* CPU seconds this process has used, all threads. On a shared machine the

@@ -430,21 +430,20 @@ double bench_read_bandwidth_pages(size_t bytes, int threads, int reps, double *s
     kkv_threadpool *tp = NULL;
     if (kkv_threadpool_create(&tp, threads) != KKV_OK) return -1.0;
     size_t huge = (size_t)2 << 20, len = (n * sizeof(uint64_t) + huge - 1) & ~(huge - 1);
-    int parts = 8 * (threads > 0 ? threads : 1), na = small_pages ? 2 : 1;
-    bw_job J[2] = {{bw_array(len, 1), n, parts, 1, NULL}, {NULL, n, parts, 1, NULL}};
-    if (small_pages) J[1].a = bw_array(len, 0);
+    int parts = 8 * (threads > 0 ? threads : 1);
+    bw_job J[2] = {{bw_array(len, 1), n, parts, 1, NULL}, {bw_array(len, 0), n, parts, 1, NULL}};
     uint64_t *sums = calloc((size_t)parts, sizeof *sums);
     double best[2] = {-1.0, -1.0};
-    if (J[0].a && (!small_pages || J[1].a) && sums) {
+    if (J[0].a && J[1].a && sums) {
         volatile uint64_t sink = 0;
-        for (int i = 0; i < na; i++) {
+        for (int i = 0; i < 2; i++) {
             J[i].sums = sums;
             kkv_threadpool_run(tp, parts, bw_task, &J[i]); /* first touch, by the readers */
             J[i].init = 0;
         }
         for (int r = 0; r < reps; r++)
-            for (int k = 0; k < na; k++) { /* interleaved, the order alternating */
-                int i = (r + k) % na;
+            for (int k = 0; k < 2; k++) { /* interleaved, the order alternating */
+                int i = (r + k) % 2;
                 double t0 = cli_now();
                 kkv_threadpool_run(tp, parts, bw_task, &J[i]);
                 double dt = cli_now() - t0;
@@ -458,7 +457,7 @@ double bench_read_bandwidth_pages(size_t bytes, int threads, int reps, double *s
     free(J[1].a);
     free(sums);
     kkv_threadpool_free(tp);
-    if (small_pages) *small_pages = best[1];
+    *small_pages = best[1];
     return best[0];
 }
 
