@@ -759,8 +759,8 @@ AI void pv_quads(float *ap, int ldA, const uint8_t *wq, size_t ldwv, const float
                     __m256i x0 = _mm256_and_si256(k0 ? _mm256_srli_epi16(X, bits * k0) : X, mask);
                     __m256i x1 = _mm256_and_si256(_mm256_srli_epi16(X, bits * (k0 + 1)), mask);
                     for (int r = 0; r < RB; r++) {
-                        s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_maddubs_epi16(W[r][g], x0));
-                        s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_maddubs_epi16(W[r][g], x1));
+                        add16_into(&s16[r][0], _mm256_maddubs_epi16(W[r][g], x0));
+                        add16_into(&s16[r][1], _mm256_maddubs_epi16(W[r][g], x1));
                     }
                     if ((g + 1) % gflush == 0 && g + 1 < ng)
                         for (int r = 0; r < RB; r++)

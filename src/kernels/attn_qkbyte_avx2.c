@@ -78,21 +78,18 @@ AI void byte_rows(int32_t (*a32)[2][16], const uint8_t *rows, size_t rowb, int n
             __m256i X0 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0) : V, m3);
             __m256i X1 = _mm256_and_si256(_mm256_srli_epi16(V, 2 * k0 + 2), m3);
             __m256i w0 = _mm256_set1_epi32(ld32(wv + p));
-            b00 = _mm256_add_epi16(b00, _mm256_maddubs_epi16(X0, w0));
-            b01 = _mm256_add_epi16(b01, _mm256_maddubs_epi16(X1, w0));
+            add16_into(&b00, _mm256_maddubs_epi16(X0, w0));
+            add16_into(&b01, _mm256_maddubs_epi16(X1, w0));
             if (RB > 1) {
                 __m256i w1 = _mm256_set1_epi32(ld32(wv + ldw + p));
-                b10 = _mm256_add_epi16(b10, _mm256_maddubs_epi16(X0, w1));
-                b11 = _mm256_add_epi16(b11, _mm256_maddubs_epi16(X1, w1));
+                add16_into(&b10, _mm256_maddubs_epi16(X0, w1));
+                add16_into(&b11, _mm256_maddubs_epi16(X1, w1));
             }
             if (RB > 2) {
                 __m256i w2 = _mm256_set1_epi32(ld32(wv + 2 * ldw + p));
-                b20 = _mm256_add_epi16(b20, _mm256_maddubs_epi16(X0, w2));
-                b21 = _mm256_add_epi16(b21, _mm256_maddubs_epi16(X1, w2));
+                add16_into(&b20, _mm256_maddubs_epi16(X0, w2));
+                add16_into(&b21, _mm256_maddubs_epi16(X1, w2));
             }
-            /* the sums stay in registers: without this GCC kept one or two
-             * on the stack, and the loop ran at the store-to-load latency */
-            __asm__("" : "+x"(b00), "+x"(b01), "+x"(b10), "+x"(b11), "+x"(b20), "+x"(b21));
         }
         widen_add(a32[0][0], b00, sh), widen_add(a32[0][1], b01, sh);
         if (RB > 1) widen_add(a32[1][0], b10, sh), widen_add(a32[1][1], b11, sh);

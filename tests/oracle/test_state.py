@@ -13,8 +13,10 @@ For kitty and kitty with eager values, on a prompt longer than S + 2G tokens
 Needs only the model: exit 77 (skip) without it unless KKV_REQUIRE_ORACLE is set.
 """
 import argparse
+import atexit
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,7 +44,8 @@ def main():
         if not ok:
             failures.append(msg)
 
-    tmp = tempfile.mkdtemp()
+    tmp = tempfile.mkdtemp(prefix="kkv_oracle_state_")
+    atexit.register(shutil.rmtree, tmp, True)  # removed however the test ends
 
     def gen(*args):
         ids = os.path.join(tmp, "ids")

@@ -20,7 +20,9 @@ kittykv is driven through the test_weights executable's tool modes
 when numpy, gguf or the model is missing, unless KKV_REQUIRE_ORACLE=1.
 """
 import argparse
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -130,6 +132,7 @@ def main():
         return r.stdout
 
     tmp = tempfile.mkdtemp(prefix="kkv_oracle_w_")
+    atexit.register(shutil.rmtree, tmp, True)  # removed however the test ends
 
     # 1. block sizes
     kkv_sizes = {}
