@@ -22,15 +22,15 @@ AI __m256i lanes(int n) {
 AI __m256 load_n(const float *p, int n) {
     return n == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes(n));
 }
-/* Horizontal sum and maximum of 8 floats. */
+
 /* a += b in 16-bit lanes, in a's own register: the accumulators of the
  * integer page kernels' inner loops. GCC 12 otherwise summed into b's register
  * and copied the result back, a vmovdqa per accumulator and iteration (6 of
  * the value kernel's 30 loop instructions, 4-5 of the key kernel's 28; an
- * empty asm that pinned the key sums to registers had not stopped it). On a
- * Zen 3, test_kernels --bench-pages: qk_page -3%, pv_page -2% (min and
- * median of 6 alternated runs); the loops are bound by the vector ALUs, not
- * by the copies, which cost only their dispatch slots. Same sums, same bits. */
+ * empty asm that pinned the key sums to registers had not stopped it). Clang
+ * adds in place by itself. On a Zen 3: qk_page -3% and pv_page -2% hot
+ * (test_kernels --bench-pages), kitty attention at 16K -4.7% (RESULTS.md,
+ * twelfth session). Same sums, same bits. */
 AI void add16_into(__m256i *a, __m256i b) {
 #if defined(__GNUC__) && !defined(__clang__)
     __asm__("vpaddw %1, %0, %0" : "+x"(*a) : "x"(b));
@@ -39,6 +39,7 @@ AI void add16_into(__m256i *a, __m256i b) {
 #endif
 }
 
+/* Horizontal sum and maximum of 8 floats. */
 AI float hsum(__m256 a) {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));
