@@ -674,14 +674,21 @@ static void test_big_alloc(void) {
     FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
     if (thp) {
         fclose(thp);
+        /* both cases whatever the caller's environment says; theirs put back after */
+        const char *was = getenv("KKV_HUGEPAGES"); /* invalid once the variable changes: copied */
+        int had = was != NULL;
+        char saved[64] = "";
+        if (had) snprintf(saved, sizeof saved, "%s", was);
         for (int off = 0; off < 2; off++) {
             if (off) setenv("KKV_HUGEPAGES", "0", 1);
+            else unsetenv("KKV_HUGEPAGES");
             uint8_t *p = kkv_big_alloc(KKV_BIG_ALIGN);
             int hg = p ? vma_advised_huge(p) : -1;
             CHECK(hg == !off, "big_alloc with KKV_HUGEPAGES %s: VmFlags hg %d", off ? "0" : "unset", hg);
             kkv_big_free(p, KKV_BIG_ALIGN);
         }
-        unsetenv("KKV_HUGEPAGES");
+        if (had) setenv("KKV_HUGEPAGES", saved, 1);
+        else unsetenv("KKV_HUGEPAGES");
     }
 #endif
     CHECK(kkv_big_alloc(0) == NULL, "big_alloc 0: a block");
