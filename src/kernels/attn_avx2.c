@@ -47,9 +47,17 @@ AI float hmin(__m256 a) {
     x = _mm_min_ss(x, _mm_movehdup_ps(x));
     return _mm_cvtss_f32(x);
 }
-/* [sum a0, sum a2, sum a3] */
+/* vhaddps as two shuffles and an add, in its operand order ([a1+a0, a3+a2,
+ * b1+b0, b3+b2] per 128-bit lane), so the same bits. On a Zen 3 the
+ * instruction itself was the slower form: qk_f16 5.5-5.8 -> 5.1-5.4 ns per
+ * token (3 heads, test_kernels --bench-f16), where hsum4's three of them per
+ * head and 4 tokens competed with the FMAs. */
+AI __m256 hadd_ps(__m256 a, __m256 b) {
+    return _mm256_add_ps(_mm256_shuffle_ps(a, b, 0xDD), _mm256_shuffle_ps(a, b, 0x88));
+}
+/* [sum a0, sum a1, sum a2, sum a3] */
 AI __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 h = hadd_ps(hadd_ps(a0, a1), hadd_ps(a2, a3));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 

@@ -45,29 +45,35 @@
 #define QMAX8 127  /* the query's largest |x|: a vpmaddubsw weight is int8 */
 _Static_assert(RBB <= QK_RB_MAX, "fold_query folds at most QK_RB_MAX heads");
 
-/* a [16] int32 += the 16 int16 lanes of b, shifted left by sh. */
-AI void widen_add(int32_t *a, __m256i b, int sh) {
+/* a [16] int32 += the 16 int16 lanes of b, shifted left by sh; or = them
+ * (set: the first block of a pass, which saves zeroing a and reading it). */
+AI void widen_add(int32_t *a, __m256i b, int sh, int set) {
     __m256i lo = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(b));
     __m256i hi = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(b, 1));
     if (sh) lo = _mm256_slli_epi32(lo, sh), hi = _mm256_slli_epi32(hi, sh);
     __m256i *d0 = (__m256i *)(void *)a, *d1 = (__m256i *)(void *)(a + 8);
-    _mm256_store_si256(d0, _mm256_add_epi32(lo, _mm256_load_si256(d0)));
-    _mm256_store_si256(d1, _mm256_add_epi32(hi, _mm256_load_si256(d1)));
+    if (!set) lo = _mm256_add_epi32(lo, _mm256_load_si256(d0)), hi = _mm256_add_epi32(hi, _mm256_load_si256(d1));
+    _mm256_store_si256(d0, lo);
+    _mm256_store_si256(d1, hi);
 }
 
-/* Phases k0 and k0 + 1 of pairs [0, np) of rows (pair p: rows 2p and
+/* Phases k0 and k0 + 1 of pairs [0, np) (np >= 1) of rows (pair p: rows 2p and
  * 2p + 1, rowb apart; `odd`: one row alone, its pair's second row 0) for half u of
  * a 32-byte chunk (u 0: row bytes 0-7 | 16-23, u 1: 8-15 | 24-31) and RB
  * heads, each block of BLK pairs summed in int16, then widened, shifted left
- * by sh and added to a32 [head][phase][lanes of bytes 8u.. | 16 + 8u..].
+ * by sh and added to a32 [head][phase k0, k0 + 1][lanes of bytes 8u.. | 16 + 8u..]
+ * (first: the pass's first call, whose first block stores instead: qk_page
+ * -3.5% hot on a Zen 3 against zeroing a32 and adding to it).
  * wv: [head][pair] the pair's weight bytes
  * (x_a, x_b, x_a, x_b), ldw apart. Two phases per pass: 6 int16
  * accumulators, the codes of both phases, the mask and a weight fit the 16
  * ymm registers; the int32 sums stay in memory (one widening per block). */
-AI void byte_rows(int32_t (*a32)[2][16], const uint8_t *rows, size_t rowb, int np, int odd,
-                  const int32_t *wv, size_t ldw, size_t c, int nbytes, int u, int k0, int sh, int RB) {
+AI void byte_rows(int32_t (*a32)[4][16], const uint8_t *rows, size_t rowb, int np, int odd,
+                  const int32_t *wv, size_t ldw, size_t c, int nbytes, int u, int k0, int sh, int first,
+                  int RB) {
     __m256i m3 = _mm256_set1_epi8(3);
-    for (int p0 = 0; p0 < np; p0 += BLK) {
+    int p0 = 0;
+    do { /* np >= 1: at least one block, so a first call always sets a32 */
         int p1 = np - p0 < BLK ? np : p0 + BLK;
         __m256i b00 = _mm256_setzero_si256(), b01 = b00, b10 = b00, b11 = b00, b20 = b00, b21 = b00;
         for (int p = p0; p < p1; p++) {
@@ -91,22 +97,22 @@ AI void byte_rows(int32_t (*a32)[2][16], const uint8_t *rows, size_t rowb, int n
                 add16_into(&b21, _mm256_maddubs_epi16(X1, w2));
             }
         }
-        widen_add(a32[0][0], b00, sh), widen_add(a32[0][1], b01, sh);
-        if (RB > 1) widen_add(a32[1][0], b10, sh), widen_add(a32[1][1], b11, sh);
-        if (RB > 2) widen_add(a32[2][0], b20, sh), widen_add(a32[2][1], b21, sh);
-    }
+        int set = first && p0 == 0;
+        widen_add(a32[0][k0], b00, sh, set), widen_add(a32[0][k0 + 1], b01, sh, set);
+        if (RB > 1) widen_add(a32[1][k0], b10, sh, set), widen_add(a32[1][k0 + 1], b11, sh, set);
+        if (RB > 2) widen_add(a32[2][k0], b20, sh, set), widen_add(a32[2][k0 + 1], b21, sh, set);
+        p0 = p1;
+    } while (p0 < np);
 }
 
-/* Tokens 4i .. 4i + 31 of row bytes i = g .. g + 7 from ph [4 phases][32
- * row bytes] (token 4i + k at ph[k][i]): a 4 x 8 transpose, stored to out,
- * the first n of them. */
-AI void phases_to_tokens(float *out, const float (*ph)[32], int g, int n) {
-    __m256 P0 = _mm256_loadu_ps(ph[0] + g), P1 = _mm256_loadu_ps(ph[1] + g);
-    __m256 P2 = _mm256_loadu_ps(ph[2] + g), P3 = _mm256_loadu_ps(ph[3] + g);
+/* Tokens 4i .. 4i + 31 of 8 row bytes i from their phases' scores P0..P3
+ * (token 4i + k: lane i of Pk): a 4 x 8 transpose, stored to out, the first
+ * n of them. */
+AI void phases_to_tokens(float *out, __m256 P0, __m256 P1, __m256 P2, __m256 P3, int n) {
     __m256 t0 = _mm256_unpacklo_ps(P0, P1), t1 = _mm256_unpackhi_ps(P0, P1);
     __m256 t2 = _mm256_unpacklo_ps(P2, P3), t3 = _mm256_unpackhi_ps(P2, P3);
-    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE); /* bytes g, g + 1 | g + 4, g + 5 */
-    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE); /* g + 2, g + 3 | g + 6, g + 7 */
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE); /* bytes 0, 1 | 4, 5 */
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE); /* 2, 3 | 6, 7 */
     __m256 o[4] = {_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u2, u3, 0x20),
                    _mm256_permute2f128_ps(u0, u1, 0x31), _mm256_permute2f128_ps(u2, u3, 0x31)};
     if (n >= 32) {
@@ -118,47 +124,47 @@ AI void phases_to_tokens(float *out, const float (*ph)[32], int g, int n) {
     memcpy(out, tmp, (size_t)n * sizeof *out);
 }
 
-/* Half u, phases k0 and k0 + 1 of one chunk for RB heads: the scores
- * d a + cst into ph [head][phase][row byte of the chunk]. */
-AI void byte_pass(float (*ph)[4][32], const int32_t *wv, size_t ldw, const float *d, const float *cst,
-                  const uint8_t *lo, const uint8_t *hi, size_t rowb, int D, int nb, size_t c,
-                  int nbytes, int u, int k0, int RB) {
-    _Alignas(32) int32_t a32[RBB][2][16]; /* [head][phase][lanes: bytes 8u..8u+7, 16+8u..16+8u+7] */
-    for (int r = 0; r < RB; r++) /* vector stores: a memset here compiled to rep stos (slow to start) */
-        for (int i = 0; i < 32; i += 8) _mm256_store_si256((__m256i *)(void *)(a32[r][0] + i), _mm256_setzero_si256());
-    byte_rows(a32, lo, rowb, D / 2, 0, wv, ldw, c, nbytes, u, k0, 0, RB);
+/* Half u, phases k0 and k0 + 1 of one chunk for RB heads: their integer
+ * sums into a32 [head][phase][lanes: bytes 8u..8u+7, 16+8u..16+8u+7]. */
+AI void byte_pass(int32_t (*a32)[4][16], const int32_t *wv, size_t ldw, const uint8_t *lo, const uint8_t *hi,
+                  size_t rowb, int D, int nb, size_t c, int nbytes, int u, int k0, int RB) {
+    byte_rows(a32, lo, rowb, D / 2, 0, wv, ldw, c, nbytes, u, k0, 0, 1, RB); /* D >= 4: sets a32 */
     /* an odd nb's last row as a pair of its own: a test for it inside the
      * loop made GCC keep four of the accumulators on the stack */
-    if (nb > 1) byte_rows(a32, hi, rowb, nb / 2, 0, wv + D / 2, ldw, c, nbytes, u, k0, 2, RB);
-    if (nb & 1) byte_rows(a32, hi + (size_t)(nb - 1) * rowb, rowb, 1, 1, wv + D / 2 + nb / 2, ldw, c, nbytes, u, k0, 2, RB);
-    for (int r = 0; r < RB; r++) {
-        __m256 vd = _mm256_set1_ps(d[r]), vc = _mm256_set1_ps(cst[r]);
-        for (int e = 0; e < 2; e++)
-            for (int h = 0; h < 2; h++) {
-                __m256i a = _mm256_load_si256((const __m256i *)(const void *)(a32[r][e] + 8 * h));
-                _mm256_storeu_ps(ph[r][k0 + e] + 16 * h + 8 * u, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), vd, vc));
-            }
-    }
+    if (nb > 1) byte_rows(a32, hi, rowb, nb / 2, 0, wv + D / 2, ldw, c, nbytes, u, k0, 2, 0, RB);
+    if (nb & 1) byte_rows(a32, hi + (size_t)(nb - 1) * rowb, rowb, 1, 1, wv + D / 2 + nb / 2, ldw, c, nbytes, u, k0, 2, 0, RB);
 }
 
-/* One 32-byte chunk (128 tokens) of RB heads: every half and phase pair,
- * then the phases interleaved into token order at s (row stride G). lo:
- * [D][rowb] rows, hi: [nb][rowb]; wv: [RB][ldw] pair weights (the D / 2
- * channel pairs, then the high ranks' pairs). */
+/* One 32-byte chunk (128 tokens) of RB heads: per half, both phase pairs,
+ * then the scores d a + cst of the four phases interleaved into token order
+ * at s (row stride G) straight from the integer sums (through a float
+ * buffer of all four halves and phases, they took ~96 more memory
+ * operations a page). lo: [D][rowb] rows, hi: [nb][rowb]; wv: [RB][ldw]
+ * pair weights (the D / 2 channel pairs, then the high ranks' pairs). */
 AI void byte_chunk(float *s, int G, const int32_t *wv, size_t ldw, const float *d, const float *cst,
                    const uint8_t *lo, const uint8_t *hi, int D, int nb, size_t c, int nbytes, int RB) {
     size_t rowb = (size_t)G / 4;
-    float ph[RBB][4][32]; /* [head][phase][row byte of the chunk] */
-    byte_pass(ph, wv, ldw, d, cst, lo, hi, rowb, D, nb, c, nbytes, 0, 0, RB);
-    byte_pass(ph, wv, ldw, d, cst, lo, hi, rowb, D, nb, c, nbytes, 0, 2, RB);
-    if (nbytes > 8) { /* row bytes of half 1 */
-        byte_pass(ph, wv, ldw, d, cst, lo, hi, rowb, D, nb, c, nbytes, 1, 0, RB);
-        byte_pass(ph, wv, ldw, d, cst, lo, hi, rowb, D, nb, c, nbytes, 1, 2, RB);
-    }
     int ntok = 4 * nbytes;
-    for (int r = 0; r < RB; r++)
-        for (int g = 0; 4 * g < ntok; g += 8)
-            phases_to_tokens(s + (size_t)r * G + 4 * c + 4 * g, (const float(*)[32])ph[r], g, ntok - 4 * g);
+    for (int u = 0; u < 2 && 8 * u < nbytes; u++) {
+        _Alignas(32) int32_t a32[RBB][4][16]; /* [head][phase][lanes: bytes 8u..8u+7, 16+8u..16+8u+7] */
+        byte_pass(a32, wv, ldw, lo, hi, rowb, D, nb, c, nbytes, u, 0, RB);
+        /* phases 0-1 to memory now: GCC kept some in registers through the
+         * next pass, whose loop then copied two accumulators in and out of
+         * the registers it had left (29 instructions a pair, not 24) */
+        __asm__ volatile("" : : "r"(a32) : "memory");
+        byte_pass(a32, wv, ldw, lo, hi, rowb, D, nb, c, nbytes, u, 2, RB);
+        for (int r = 0; r < RB; r++) {
+            __m256 vd = _mm256_set1_ps(d[r]), vc = _mm256_set1_ps(cst[r]);
+            for (int h = 0; h < 2; h++) {
+                int g = 16 * h + 8 * u; /* the first row byte of these lanes */
+                if (4 * g >= ntok) break;
+                __m256 P[4];
+                for (int k = 0; k < 4; k++)
+                    P[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(const void *)(a32[r][k] + 8 * h))), vd, vc);
+                phases_to_tokens(s + (size_t)r * G + 4 * c + 4 * g, P[0], P[1], P[2], P[3], ntok - 4 * g);
+            }
+        }
+    }
 }
 
 /* Always inlined: the entry point calls it with the engines' shapes as constants. */
