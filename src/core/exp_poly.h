@@ -10,9 +10,12 @@
  * x <= 88 (2^n stays below 2^128); callers clamp or handle larger x.
  *
  * kkv_exp_poly is the scalar form, operation for operation the 8-lane
- * kkv_exp_poly8 of core/exp_poly_avx2.h: every multiply-add an explicit
- * fmaf (the build compiles with -ffp-contract=off, so nothing else is
- * fused). No intrinsics here: any file may include it. */
+ * kkv_exp_poly8 of core/exp_poly_avx2.h but for the last step, which the
+ * wide forms take as n added to y's exponent field (8 lanes) or vscalefps
+ * (16): the same exact y 2^n (tests/test_exp_avx2.c compares every float
+ * near the domain's ends and a walk over the rest). Every multiply-add an
+ * explicit fmaf (the build compiles with -ffp-contract=off, so nothing else
+ * is fused). No intrinsics here: any file may include it. */
 #ifndef KKV_CORE_EXP_POLY_H
 #define KKV_CORE_EXP_POLY_H
 

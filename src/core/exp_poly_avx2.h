@@ -1,5 +1,6 @@
-/* kkv_exp_poly (core/exp_poly.h) on 8 lanes, operation for operation, so
- * every lane gets the scalar form's bits for x <= 88. Include only from
+/* kkv_exp_poly (core/exp_poly.h) on 8 lanes, operation for operation but
+ * the last (an exact product either way), so every lane gets the scalar
+ * form's bits for x <= 88. Include only from
  * files compiled with -mavx2 -mfma. A NaN lane comes out as e^-87.3 (the
  * clamp's max returns its second operand): callers that can see NaN handle
  * it themselves. */
@@ -18,8 +19,13 @@ static inline __attribute__((always_inline)) __m256 kkv_exp_poly8(__m256 x) {
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(KKV_EXP_LN2_LO), r);
     __m256 y = _mm256_set1_ps(kkv_exp_taylor[0]);
     for (int k = 1; k < 7; k++) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kkv_exp_taylor[k]));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e)); /* exact: y 2^n is a normal float */
+    /* y 2^n as n added to y's exponent field: y is in [0.70, 1.42] (|r| <=
+     * ln2 / 2), n in [-126, 127], and y >= 1 where n = -126 (the clamp), so
+     * the field stays in 1..254 and the sum is the normal float y 2^n, the
+     * scalar form's exact product, without a multiply (the softmax's
+     * exponentials are bound by the FMA pipes) */
+    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e));
 }
 
 #endif

@@ -1,0 +1,97 @@
+/* kkv_exp_poly8 (core/exp_poly_avx2.h), the softmax's and the activations'
+ * 8-lane exponential, against the scalar kkv_exp_poly, bit for bit, over its
+ * whole domain x <= 88: -inf and the clamped range, every float near the
+ * clamp (where n = -126 and the result's exponent field is smallest) and
+ * near 88 (n = 127, the largest), and a strided walk over every other float
+ * in between, both signs. The 8-lane form builds y 2^n by adding n to y's
+ * exponent field where the scalar one multiplies; this is the check that the
+ * two are the same operation on this domain.
+ *
+ * Built with -mavx2 -mfma on x86-64 (tests/CMakeLists.txt); skipped (77)
+ * where the CPU, or KKV_CPU, has no AVX2, and elsewhere. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#include "core/cpu.h"
+#include "core/exp_poly.h"
+#include "core/exp_poly_avx2.h"
+
+static uint32_t bits_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static float float_of(uint32_t u) {
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* Mismatches of the 8-lane form over xs [8]; the first is reported. */
+static int compare8(const float *xs, int *reported) {
+    float v[8];
+    _mm256_storeu_ps(v, kkv_exp_poly8(_mm256_loadu_ps(xs)));
+    int bad = 0;
+    for (int i = 0; i < 8; i++) {
+        float s = kkv_exp_poly(xs[i]);
+        if (bits_of(s) != bits_of(v[i])) {
+            if (!(*reported)++)
+                fprintf(stderr, "  exp(%.9g): 8 lanes %.9g (0x%08x), scalar %.9g (0x%08x)\n", (double)xs[i],
+                        (double)v[i], (unsigned)bits_of(v[i]), (double)s, (unsigned)bits_of(s));
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* Every float from lo up to hi (same sign, |lo| <= |hi| in bits) whose bit
+ * pattern is a multiple of stride apart; returns the mismatches. */
+static long sweep(float lo, float hi, uint32_t stride, long *count, int *reported) {
+    uint32_t a = bits_of(lo), b = bits_of(hi);
+    float xs[8];
+    int k = 0;
+    long bad = 0;
+    for (uint64_t u = a; u <= b; u += stride) {
+        xs[k++] = float_of((uint32_t)u);
+        if (k == 8) bad += compare8(xs, reported), k = 0;
+        (*count)++;
+    }
+    for (; k > 0 && k < 8; k++) xs[k] = xs[0]; /* pad a last partial vector */
+    if (k == 8) bad += compare8(xs, reported);
+    return bad;
+}
+
+int main(void) {
+    if (!kkv_cpu_get()->avx2) {
+        printf("no AVX2 on this CPU (or KKV_CPU): skipped\n");
+        return TU_SKIP;
+    }
+    long count = 0, bad = 0;
+    int reported = 0;
+    float edge[8] = {-INFINITY, -1e30f, -100.0f, -87.3f, -0.0f, 0.0f, 1e-30f, 88.0f};
+    bad += compare8(edge, &reported);
+    count += 8;
+    /* -87.4 .. -86.5: the clamp and n = -126 / -125, every float */
+    bad += sweep(-86.5f, -87.4f, 1, &count, &reported);
+    /* 87.5 .. 88: n = 127, every float */
+    bad += sweep(87.5f, 88.0f, 1, &count, &reported);
+    /* the rest, both signs, every 11th float (tiny magnitudes included) */
+    bad += sweep(0.0f, 88.0f, 11, &count, &reported);
+    bad += sweep(-0.0f, -87.4f, 11, &count, &reported);
+    CHECK(bad == 0, "kkv_exp_poly8 differs from kkv_exp_poly on %ld of %ld arguments", bad, count);
+    printf("exp: %ld arguments, %ld differ\n", count, bad);
+    return tu_summary();
+}
+#else
+int main(void) {
+    printf("not an x86-64 AVX2 build: skipped\n");
+    return TU_SKIP;
+}
+#endif
