@@ -850,7 +850,7 @@ AI void pv_vbmi_rb(float *ap, int ldA, const uint8_t *wq, size_t ldwv, const flo
  * alone. Returns 0 when some w_t is not in [0, 3.4e38] (NaN included):
  * probs_ok's test, on the same products. */
 AI int fold_probs(uint8_t *wq, size_t ldw, float *e, float *mt, const float *p, size_t ldp,
-                      const float *sc, const float *mn, int n, int bits, int RB) {
+                  const float *sc, const float *mn, int n, int bits, int RB) {
     float w[RBI][VBLK + 8];
     __m256 m[RBI], amax[RBI], corr[RBI], inv[RBI], ve[RBI], bad = _mm256_setzero_ps();
     for (int r = 0; r < RB; r++) m[r] = amax[r] = corr[r] = _mm256_setzero_ps();
