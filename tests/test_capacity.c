@@ -676,9 +676,8 @@ static void test_big_alloc(void) {
         fclose(thp);
         /* both cases whatever the caller's environment says; theirs put back after */
         const char *was = getenv("KKV_HUGEPAGES"); /* invalid once the variable changes: copied */
-        int had = was != NULL;
-        char saved[64] = "";
-        if (had) snprintf(saved, sizeof saved, "%s", was);
+        char *saved = was ? strdup(was) : NULL;
+        CHECK(!was || saved, "out of memory copying KKV_HUGEPAGES");
         for (int off = 0; off < 2; off++) {
             if (off) setenv("KKV_HUGEPAGES", "0", 1);
             else unsetenv("KKV_HUGEPAGES");
@@ -687,8 +686,9 @@ static void test_big_alloc(void) {
             CHECK(hg == !off, "big_alloc with KKV_HUGEPAGES %s: VmFlags hg %d", off ? "0" : "unset", hg);
             kkv_big_free(p, KKV_BIG_ALIGN);
         }
-        if (had) setenv("KKV_HUGEPAGES", saved, 1);
+        if (saved) setenv("KKV_HUGEPAGES", saved, 1);
         else unsetenv("KKV_HUGEPAGES");
+        free(saved);
     }
 #endif
     CHECK(kkv_big_alloc(0) == NULL, "big_alloc 0: a block");

@@ -51,10 +51,10 @@ static int compare8(const float *xs, int *reported) {
     return bad;
 }
 
-/* Every float from lo up to hi (same sign, |lo| <= |hi| in bits) whose bit
- * pattern is a multiple of stride apart; returns the mismatches. */
-static long sweep(float lo, float hi, uint32_t stride, long *count, int *reported) {
-    uint32_t a = bits_of(lo), b = bits_of(hi);
+/* Every stride-th float from `from` out to `to` (same sign, |from| <= |to|:
+ * bit patterns in increasing order); returns the mismatches. */
+static long sweep(float from, float to, uint32_t stride, long *count, int *reported) {
+    uint32_t a = bits_of(from), b = bits_of(to);
     float xs[8];
     int k = 0;
     long bad = 0;

@@ -1,7 +1,7 @@
 /* kkv_exp_poly (core/exp_poly.h) on 8 lanes, operation for operation but
  * the last (an exact product either way), so every lane gets the scalar
- * form's bits for x <= 88. Include only from
- * files compiled with -mavx2 -mfma. A NaN lane comes out as e^-87.3 (the
+ * form's bits for x <= 88. Include only from files compiled with -mavx2
+ * -mfma. A NaN lane comes out as e^-87.3 (the
  * clamp's max returns its second operand): callers that can see NaN handle
  * it themselves. */
 #ifndef KKV_CORE_EXP_POLY_AVX2_H

@@ -16,8 +16,8 @@
 
 /* The project's exponential (core/exp_poly.h; exp_neg of avx2_util.h) on 16
  * lanes, operation for operation, so every lane gets the bits the 8-lane
- * version gives it; its last step, y * 2^n with 2^n built from n's bits, is
- * one vscalefps here (both exact: y 2^n is normal). A copy rather than two
+ * version gives it; its last step, y 2^n (an add to y's exponent field
+ * there), is one vscalefps here (both exact: y 2^n is normal). A copy rather than two
  * 8-lane calls: the softmax's exponentials are half its time per block. */
 AI __m512 exp_neg16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(KKV_EXP_MIN));

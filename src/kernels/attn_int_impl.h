@@ -848,7 +848,9 @@ AI void pv_vbmi_rb(float *ap, int ldA, const uint8_t *wq, size_t ldwv, const flo
  * and zero points are loaded once and the heads' dependency chains overlap;
  * each head's lane operations and sums are in the same order as one head
  * alone. Returns 0 when some w_t is not in [0, 3.4e38] (NaN included):
- * probs_ok's test, on the same products. */
+ * probs_ok's test, on the same products. Always inlined, so that the
+ * engines' constant shapes reach its loops (pv_page -1.5 to -2% on a Zen 3
+ * against a static function). */
 AI int fold_probs(uint8_t *wq, size_t ldw, float *e, float *mt, const float *p, size_t ldp,
                   const float *sc, const float *mn, int n, int bits, int RB) {
     float w[RBI][VBLK + 8];
