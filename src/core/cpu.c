@@ -15,8 +15,20 @@ static unsigned long long xgetbv0(void) {
     return ((unsigned long long)hi << 32) | lo;
 }
 
+static int is_intel(void) {
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    return b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e; /* "GenuineIntel" */
+}
+
 static void detect(kkv_cpu *cpu) {
     unsigned int a, b, c, d;
+    /* The weight matmuls' prefetch hint (model/weights.c says what was
+     * measured): on an Intel Xeon with AVX-512 prefetchnta stalled the
+     * stream on the fill buffers and ran 3.5x slower than the L2 hint; on
+     * Zen 3 the L2 hint cost one thread 11% and the non-temporal one was
+     * best. Only speed depends on it. */
+    cpu->wt_pf_l2 = is_intel();
     if (!__get_cpuid(1, &a, &b, &c, &d)) return;
     int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
     if (!osxsave || !avx) return;
@@ -52,6 +64,11 @@ static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
  * VNNI). Other values, or none, leave what the CPU has. */
 static void init(void) {
     detect(&cpu_features);
+    /* KKV_WT_PF=l2|nta overrides the weight-stream prefetch hint (to measure
+     * one against the other on a new CPU) */
+    const char *pf = getenv("KKV_WT_PF");
+    if (pf && strcmp(pf, "l2") == 0) cpu_features.wt_pf_l2 = 1;
+    if (pf && strcmp(pf, "nta") == 0) cpu_features.wt_pf_l2 = 0;
     const char *cap = getenv("KKV_CPU");
     if (!cap) return;
     if (strcmp(cap, "scalar") == 0)

@@ -577,15 +577,23 @@ static int is_quant(uint32_t type) { return type != KKV_WT_F32 && type != KKV_WT
  * KB for a decode step's Q/K/V at 2 threads), too short for the hardware
  * prefetcher to ramp up: without this Q/K/V ran at 7 GB/s on one core and
  * took 1.36 against 1.54 ms per token on two (SmolLM2-135M), with it 0.69-0.88.
- * 2048 bytes measured best of 0 (next row only), 1024, 2048, 4096 and 8192;
- * the non-temporal hint (the weights are read once per step) kept one thread
- * as fast as without prefetching, where the all-levels hint cost it 4% and
- * the L2 hint 11%. Speed only: prefetches change no result. */
+ * 2048 bytes measured best of 0 (next row only), 1024, 2048, 4096 and 8192
+ * on a Zen 3, and 1024-4096 were level on an Intel Xeon (8192 cost one thread
+ * 5%). The hint depends on the CPU (kkv_cpu's wt_pf_l2, KKV_WT_PF=l2|nta to
+ * force one). On the Zen 3 the non-temporal hint (the weights are read once
+ * per step) kept one thread as fast as without prefetching, where the
+ * all-levels hint cost it 4% and the L2 hint 11%. On the Xeon (AVX-512,
+ * 2 MB L2 per core) prefetchnta stalled on the fill buffers: perf put 88% of
+ * the sixteen-row kernel's samples on the instruction after it, and decode
+ * at depth 0 ran 58-64 tok/s on one thread and 104-112 on two, against
+ * 134-143 and 219-247 with no prefetch, 170-174 and 388-391 with the
+ * all-levels hint and 200-263 and 370-436 with the L2 hint (locality 1,
+ * prefetcht2). Speed only: prefetches change no result. */
 #define MM_PF_BYTES 2048
 #define MM_LINE 64
 
-static inline void prefetch_range(const uint8_t *p, const uint8_t *end) {
-    for (; p < end; p += MM_LINE) __builtin_prefetch(p, 0, 0);
+static inline void prefetch_range(const uint8_t *p, const uint8_t *end, int pf_l2) {
+    for (; p < end; p += MM_LINE) KKV_WT_PF(p, pf_l2);
 }
 
 static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
@@ -601,9 +609,10 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
      * side, so their lead covers the whole next block of rows, and they
      * spread each range over their blocks */
     const size_t lead = MM_PF_BYTES + (size_t)c->row_block * w->row_bytes;
+    const int pf_l2 = kkv_cpu_get()->wt_pf_l2;
     const uint8_t *pf = base + (size_t)r0 * w->row_bytes;
     const uint8_t *pf_to = (size_t)(stream_end - pf) > lead ? pf + lead : stream_end;
-    prefetch_range(pf, pf_to);
+    prefetch_range(pf, pf_to, pf_l2);
     pf = pf_to;
     for (int64_t t0 = r0; t0 < r1; t0 += MM_ROW_TILE) {
         int64_t t1 = t0 + MM_ROW_TILE < r1 ? t0 + MM_ROW_TILE : r1;
@@ -624,7 +633,7 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
                     const uint8_t *next = row + (size_t)nr * w->row_bytes;
                     pf_to = (size_t)(stream_end - next) > lead ? next + lead : stream_end;
                     if (pf_to > pf) {
-                        if (!c->row_block) prefetch_range(pf, pf_to); /* else the kernel spreads it */
+                        if (!c->row_block) prefetch_range(pf, pf_to, pf_l2); /* else the kernel spreads it */
                         pf = pf_to;
                     }
                 }

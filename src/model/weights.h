@@ -155,6 +155,16 @@ void kkv_q8x_quantize(kkv_q8x *dst, const float *x, int64_t cols);
  * which fit the 32 of the AVX-512 VNNI build and spill a few in the AVX2
  * build, not measured on an AVX2-only CPU). */
 #define KKV_WT_NX 8
+
+/* One line of the weight stream's software prefetch, into L2 where pf_l2
+ * (kkv_cpu's wt_pf_l2, read once per call), else non-temporal: weights.c
+ * says why the hint depends on the CPU. The hint must be a constant, hence
+ * the branch, which goes the same way for the whole run. */
+#define KKV_WT_PF(p, pf_l2)                                                                        \
+    do {                                                                                           \
+        if (pf_l2) __builtin_prefetch((p), 0, 1);                                                  \
+        else __builtin_prefetch((p), 0, 0);                                                        \
+    } while (0)
 typedef struct kkv_wt_kernels {
     /* quantized types: xq[j] points to [cols/32] blocks */
     void (*dot_q)(float *res, uint32_t type, const void *row, int64_t cols,

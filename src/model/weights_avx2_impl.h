@@ -21,6 +21,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "core/cpu.h"
 #include "model/weights.h"
 
 /* The sum of the four u8 x s8 products of each 4-byte lane, as int32 (exact:

@@ -83,6 +83,7 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
      * miss buffers and streamed at 0.6x the one-row kernel's rate */
     const int64_t pf_lines = pf < pf_end ? (pf_end - pf + 63) / 64 : 0;
     const int64_t pf_per = nb > 0 ? (pf_lines + nb - 1) / nb : 0;
+    const int pf_l2 = kkv_cpu_get()->wt_pf_l2;
     RW_F acc[KKV_WT_NX], accm[KKV_WT_NX];
     for (int j = 0; j < nx; j++) acc[j] = accm[j] = RW_ZERO_F();
     const RW_I m4 = RW_SET8(0x0f);
@@ -90,7 +91,7 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
         const int one = type == KKV_WT_Q4_1;
         const size_t bb = one ? 20 : 18, qoff = one ? 4 : 2;
         for (int64_t b = 0; b < nb; b++) {
-            for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
+            for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) KKV_WT_PF(pf, pf_l2);
             const size_t o = bb * (size_t)b;
             RW_F dw = RW_ROWS_F16(rp, o);
             RW_I t[4], lo[4], hi[4];
@@ -123,7 +124,7 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
         const size_t bb = one ? 24 : 22, hoff = one ? 4 : 2, qoff = one ? 8 : 6;
         const RW_I m16 = RW_SET8(0x10);
         for (int64_t b = 0; b < nb; b++) {
-            for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
+            for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) KKV_WT_PF(pf, pf_l2);
             const size_t o = bb * (size_t)b;
             RW_F dw = RW_ROWS_F16(rp, o);
             const RW_I h = RW_ROWS_G(rp, o + hoff, 0);
@@ -170,7 +171,7 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
             const RW_I sc_hi = RW_OR(RW_AND(s2, m4), RW_AND(RW_SRLI16(s0, 2), m30));
             const RW_I mn_hi = RW_OR(RW_AND(RW_SRLI16(s2, 4), m4), RW_AND(RW_SRLI16(s1, 2), m30));
             for (int kp = 0; kp < 4; kp++) {
-                for (int64_t i = 0; i < 2 * pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
+                for (int64_t i = 0; i < 2 * pf_per && pf < pf_end; i++, pf += 64) KKV_WT_PF(pf, pf_l2);
                 RW_I c[8];
                 for (int i = 0; i < 8; i++) c[i] = RW_ROWS_G(rp, o + qoff + 32 * (size_t)kp, i);
                 for (int e = 0; e < 2; e++) {
@@ -213,7 +214,7 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
             const size_t o = 210 * (size_t)sb;
             RW_F dw = RW_ROWS_F16(rp, o + 208);
             for (int k = 0; k < 8; k++) {
-                for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
+                for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) KKV_WT_PF(pf, pf_l2);
                 const int h = k >> 2, q = k & 3;
                 RW_I c[8];
                 for (int i = 0; i < 8; i++) {
@@ -254,7 +255,7 @@ static inline __attribute__((always_inline)) void RW_FN(float *res, uint32_t typ
 #endif
     else { /* KKV_WT_Q8_0 */
         for (int64_t b = 0; b < nb; b++) {
-            for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) __builtin_prefetch(pf, 0, 0);
+            for (int64_t i = 0; i < pf_per && pf < pf_end; i++, pf += 64) KKV_WT_PF(pf, pf_l2);
             const size_t o = 34 * (size_t)b;
             RW_F dw = RW_ROWS_F16(rp, o);
             RW_I w[8];
