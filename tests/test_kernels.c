@@ -366,8 +366,19 @@ static void test_softmax(const kkv_ops *k, tu_rng *r, cmp_stats *st) {
                     for (int i = 0; i < R * D; i++) a1[i] = a0[i] = tu_normal(r);
                     for (int i = 0; i < 2 * R; i++) ml1[i] = ml0[i];
                 }
+                /* the AVX-512 softmax must give the AVX2 one's bits
+                 * (attn_avx512.c says why they agree) */
+                int vs_avx2 = k->softmax != kkv_ops_avx2.softmax && k->softmax != kkv_ops_scalar.softmax;
+                float s2[8 * 128], ml2[16], a2[8 * 64];
+                memcpy(s2, s1, sizeof s2), memcpy(ml2, ml1, sizeof ml2), memcpy(a2, a1, sizeof a2);
                 kkv_ops_scalar.softmax(s0, ml0, a0, R, n, D, 0.125f);
                 k->softmax(s1, ml1, a1, R, n, D, 0.125f);
+                if (vs_avx2) {
+                    kkv_ops_avx2.softmax(s2, ml2, a2, R, n, D, 0.125f);
+                    CHECK(memcmp(s1, s2, (size_t)R * n * 4) == 0 && memcmp(a1, a2, (size_t)R * D * 4) == 0 &&
+                              memcmp(ml1, ml2, (size_t)R * 2 * 4) == 0,
+                          "%s softmax n_rep=%d n=%d step %d: not the AVX2 softmax's bits", kkv_kernel_name(k->kind), R, n, step);
+                }
                 int bad = 0;
                 for (int i = 0; i < R * n; i++) bad += !close_to(s1[i], s0[i], 1.0, st);
                 for (int i = 0; i < R * D; i++) bad += !close_to(a1[i], a0[i], fabs(a0[i]) + 1e-30, st);
