@@ -578,8 +578,9 @@ static int is_quant(uint32_t type) { return type != KKV_WT_F32 && type != KKV_WT
  * prefetcher to ramp up: without this Q/K/V ran at 7 GB/s on one core and
  * took 1.36 against 1.54 ms per token on two (SmolLM2-135M), with it 0.69-0.88.
  * 2048 bytes measured best of 0 (next row only), 1024, 2048, 4096 and 8192
- * on a Zen 3, and 1024-4096 were level on an Intel Xeon (8192 cost one thread
- * 5%). The hint depends on the CPU (kkv_cpu's wt_pf_l2, KKV_WT_PF=l2|nta to
+ * on a Zen 3, and 1024-4096 were level on an Intel Xeon at depth 0 (8192 cost
+ * one thread 5%), as were 1024-16384 at 32K depth, where the weights come
+ * from DRAM. The hint depends on the CPU (kkv_cpu's wt_pf_l2, KKV_WT_PF=l2|nta to
  * force one). On the Zen 3 the non-temporal hint (the weights are read once
  * per step) kept one thread as fast as without prefetching, where the
  * all-levels hint cost it 4% and the L2 hint 11%. On the Xeon (AVX-512,
