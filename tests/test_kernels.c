@@ -18,7 +18,9 @@
  *     |s_t - ref_t| <= sum_j d_g(j)/2 * |c_tj - maxq_j/2| + 1e-5 * M (the
  *     kernel centres the codes through a per-page constant); the wide key
  *     kernel of the VBMI table rounds f to 15 bits on one step per head,
- *     d = max_j |f_j| / 32639, and is held to the same sum with that d; the
+ *     d = max_j |f_j| / 32639, and is held to the same sum with that d (the
+ *     table's entry, its 8-bit kernel, gives the AVX2 8-bit kernel's bits on
+ *     pages with n_boost <= D / 2 and hands it the others); the
  *     AVX2 16-bit key kernel likewise with d = max_j |f_j| / QMAX,
  *     QMAX = min(32767, floor((2^31 - 1) / (64 (3D + 12 nb)))), and the
  *     AVX2 table's 8-bit key kernel with d = max_j |f_j| / 127 (pages with
@@ -204,7 +206,9 @@ static double worst_int_ratio;
  * groups; 2: the wide kernel's one step d = max |f| / 32639 per head; 3: the
  * AVX2 16-bit kernel's d = max |f| / min(32767, (2^31 - 1) / (64 (3D + 12nb)));
  * 4: the AVX2 8-bit kernel's d = max |f| / 127 where n_boost <= D / 2, the
- * 16-bit kernel's step on the other pages, which it hands to that kernel). */
+ * 16-bit kernel's step on the other pages, which it hands to that kernel;
+ * 5: the VBMI 8-bit kernel's, the same d, and the wide kernel's step on the
+ * pages it hands to that one). */
 static int check_qk_page(qk_page_fn fn, int is_int, const float *q, int R, const uint8_t *page,
                          const float *kd, int D, int G, int nb, float *s0, float *s1, cmp_stats *st) {
     kkv_key_layout L = kkv_key_layout_of(D, G, nb);
@@ -237,7 +241,10 @@ static int check_qk_page(qk_page_fn fn, int is_int, const float *q, int R, const
             double lim = floor(2147483647.0 / (64.0 * (3.0 * D + 12.0 * nb)));
             dg[0] = fmx / fmin(32767.0, lim);
             for (int j = 0; j < D; j++) grp[j] = 0;
-        } else if (is_int == 4) { /* the AVX2 8-bit kernel: one step, int8 weights */
+        } else if (is_int == 5 && 2 * nb > D) { /* the VBMI 8-bit kernel hands these to the wide one */
+            dg[0] = fmx / 32639.0;
+            for (int j = 0; j < D; j++) grp[j] = 0;
+        } else if (is_int == 4 || is_int == 5) { /* the 8-bit kernels: one step, int8 weights */
             dg[0] = fmx / 127.0;
             for (int j = 0; j < D; j++) grp[j] = 0;
         }
@@ -784,6 +791,49 @@ static void test_fallback_exact(const char *name, qk_page_fn qk, pv_page_fn pv, 
 }
 
 #if defined(__x86_64__)
+/* The VBMI table's key kernel gives, bit for bit, the AVX2 8-bit kernel's
+ * scores on pages with n_boost <= D / 2 (the same fold and step, exact
+ * integer sums, the same float step) and the VBMI wide kernel's on the
+ * rest: every D, G (partial and later chunks), every n_boost for small D,
+ * head counts 1..8 and the constant-size shapes, keys with outlier and
+ * near-dead channels, and damaged pages where two channels claim one rank
+ * and another rank has none. */
+static void test_vbmi_byte_exact(tu_rng *r) {
+    int n_cmp = 0;
+    for (int di = 0; di < NELEM(Ds); di++)
+        for (int gi = 0; gi < NELEM(Gs); gi++) {
+            int D = Ds[di], G = Gs[gi];
+            float *x = xmalloc((size_t)G * D * 4), *q = xmalloc((size_t)8 * D * 4);
+            float *s0 = xmalloc((size_t)8 * G * 4), *s1 = xmalloc((size_t)8 * G * 4);
+            uint8_t *kp = xmalloc(kkv_key_page_bytes(D, G, D));
+            for (int nb = 0; nb <= D && !tu_failed(); nb += (D <= 64 ? 1 : 7)) {
+                for (int i = 0; i < G * D; i++)
+                    x[i] = tu_normal(r) * ((i % D) % 5 == 2 ? 20.0f : (i % D) % 7 == 3 ? 0.05f : 1.0f);
+                kkv_key_page_encode(kp, x, D, G, nb, KKV_SELECT_RANDOM, 5, (uint64_t)nb, NULL);
+                if (nb >= 2 && nb % 3 == 0) { /* damaged: the channel of rank 1 claims rank 0 too, rank 1 none */
+                    kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+                    for (int j = 0; j < D; j++)
+                        if (kp[L.idx + j] == 1) kp[L.idx + j] = 0;
+                }
+                for (int t = 0; t < 3; t++) {
+                    int R = t == 0 ? 1 + tu_int(r, 8) : t + 2;
+                    rand_f32(r, q, R * D);
+                    if (2 * nb <= D) kkv_avx2_qk_byte(s0, q, R, kp, D, G, nb);
+                    else kkv_vbmi512_qk_wide(s0, q, R, kp, D, G, nb);
+                    kkv_vbmi512_qk_byte(s1, q, R, kp, D, G, nb);
+                    CHECK(memcmp(s0, s1, (size_t)R * G * 4) == 0,
+                          "avx512-vbmi byte qk_page D=%d G=%d nb=%d n_rep=%d: not bit-identical to %s", D, G, nb, R,
+                          2 * nb <= D ? "avx2 byte" : "vbmi wide");
+                    n_cmp++;
+                }
+            }
+            free(x), free(q), free(s0), free(s1), free(kp);
+        }
+    printf("kernel avx512-vbmi byte qk_page: %d page calls bit-identical to avx2 byte / vbmi wide\n", n_cmp);
+}
+#endif
+
+#if defined(__x86_64__)
 typedef size_t (*plan_bytes_fn)(int);
 typedef void (*plan_fn)(uint8_t *, const uint8_t *, int, int, int);
 typedef void (*plan_run_fn)(float *, const float *, int, const uint8_t *, const uint8_t *, int, int, int);
@@ -916,6 +966,14 @@ static int bench_pages(int nb) {
             double ns = 1e9 * (double)(clock() - c0) / CLOCKS_PER_SEC / ITERS;
             printf("round %d hot      %-8s %7.1f cpu ns/page%s\n", round, nm[k], ns, k == 1 ? " (with its reset)" : "");
         }
+#if defined(__x86_64__)
+        if (ops->qk_page == kkv_vbmi512_qk_byte) { /* the 15-bit kernel it replaced, for the ratio */
+            clock_t c0 = clock();
+            for (int it = 0; it < ITERS; it++) kkv_vbmi512_qk_wide(s, q, R, pool, D, G, nb);
+            double ns = 1e9 * (double)(clock() - c0) / CLOCKS_PER_SEC / ITERS;
+            printf("round %d hot      %-8s %7.1f cpu ns/page (the VBMI 15-bit kernel)\n", round, "qk_wide", ns);
+        }
+#endif
         for (int h = 0; h < R; h++) ml[2 * h] = -INFINITY, ml[2 * h + 1] = 0.0f;
         memset(acc, 0, sizeof acc);
         clock_t c0 = clock();
@@ -993,7 +1051,7 @@ static void test_dispatch(void) {
     CHECK((kkv_ops_get(KKV_KERNEL_AVX512) != NULL) == (cpu->avx512 != 0), "avx512 table vs cpu");
 #if defined(__x86_64__)
     if (cpu->avx512)
-        CHECK(kkv_ops_get(KKV_KERNEL_AVX512)->qk_page == (cpu->vbmi   ? kkv_vbmi512_qk_wide
+        CHECK(kkv_ops_get(KKV_KERNEL_AVX512)->qk_page == (cpu->vbmi   ? kkv_vbmi512_qk_byte
                                                            : cpu->vnni ? kkv_vnni512_qk_page
                                                                        : kkv_avx2_qk_byte),
               "avx512 table: VBMI / VNNI page kernels exactly where the CPU has them");
@@ -1243,6 +1301,7 @@ int main(int argc, char **argv) {
         int qk_bound = tables[i]->qk_page == kkv_vbmi512_qk_wide ? 2
                        : tables[i]->qk_page == kkv_avx2_qk_wide  ? 3
                        : tables[i]->qk_page == kkv_avx2_qk_byte  ? 4
+                       : tables[i]->qk_page == kkv_vbmi512_qk_byte ? 5
                                                                  : is_int; /* its own step */
 #else
         int qk_bound = is_int;
@@ -1294,11 +1353,13 @@ int main(int argc, char **argv) {
         worst_int_ratio = 0;
         test_qk_page("avx512-vbmi-wide", kkv_vbmi512_qk_wide, 2, &r, &st);
         printf("kernel avx512-vbmi wide qk_page: worst error %.3f of its bound\n", worst_int_ratio);
+        test_vbmi_byte_exact(&r);
     }
     if (cpu->vbmi) {
         tu_rng r = tu_rng_make(95);
         test_vnni_exact("avx512-vbmi", NULL, kkv_vbmi512_pv_page, &r);
         test_fallback_exact("avx512-vbmi", kkv_vbmi512_qk_wide, kkv_vbmi512_pv_page, &r);
+        test_fallback_exact("avx512-vbmi-byte", kkv_vbmi512_qk_byte, kkv_vbmi512_pv_page, &r);
     } else {
         printf("kernel avx512-vbmi: not on this CPU (or capped by KKV_CPU), skipped\n");
     }

@@ -86,11 +86,12 @@ const kkv_ops kkv_ops_avx512 = {
     .softmax = kkv_avx512_softmax,
 };
 
-/* The same with the 512-bit VBMI + VNNI page kernels (where cpu->vbmi). */
+/* The same with the 512-bit VBMI + VNNI page kernels (where cpu->vbmi): its
+ * key kernel gives the AVX2 table's bits on pages with n_boost <= D / 2. */
 const kkv_ops kkv_ops_avx512vbmi = {
     .kind = KKV_KERNEL_AVX512,
     .qk_f16 = kkv_avx512_qk_f16,
-    .qk_page = kkv_vbmi512_qk_wide,
+    .qk_page = kkv_vbmi512_qk_byte,
     .pv_f16 = kkv_avx512_pv_f16,
     .pv_page = kkv_vbmi512_pv_page,
     .key_encode = kkv_avx2_key_encode,

@@ -788,6 +788,16 @@ AI void pv_quads(float *ap, int ldA, const uint8_t *wq, size_t ldwv, const float
  * & mask, and one 512-bit vpdpbusd per plane and head adds four tokens of 16
  * channels. Rows are loaded and moved once for all planes. Same exact sums as
  * pv_vnni_plane, so the same a32 and the same output bits. */
+/* Plane k of 2-bit code quads Q, times s_k: planes 1 and 2 are masked in
+ * place (Q & 12: s_1 = 4; Q & 48: s_2 = 16) and plane 3 shifted by 4, not 6
+ * ((Q >> 4) & 12: s_3 = 4), so only one of the four needs a shift. Each byte
+ * stays <= 48, a valid signed vpdpbusd operand, and the int32 sums are s_k
+ * times the plane's, shifted back exactly at the end: the same a32. */
+AI __m512i plane2_scaled(__m512i Q, int k) {
+    static const char m[4] = {3, 12, 48, 12};
+    return _mm512_and_si512(k == 3 ? _mm512_srli_epi32(Q, 4) : Q, _mm512_set1_epi8(m[k]));
+}
+
 AI void pv_vbmi_chunks(float *ap, int ldA, const uint8_t *wq, size_t ldwv, const float *e,
                        const uint8_t *codes, int n, int D, int bits, int per, int RB) {
     size_t rowb = (size_t)D * (size_t)bits / 8;
@@ -816,13 +826,17 @@ AI void pv_vbmi_chunks(float *ap, int ldA, const uint8_t *wq, size_t ldwv, const
                 wv[r] = _mm512_set1_epi32(x);
             }
             for (int k = 0; k < per; k++) {
-                __m512i x = _mm512_and_si512(k ? _mm512_srli_epi32(Q, bits * k) : Q, mask);
-                for (int r = 0; r < RB; r++) acc[r][k] = _mm512_dpbusd_epi32(acc[r][k], wv[r], x);
+                __m512i x = bits == 2 ? plane2_scaled(Q, k) : _mm512_and_si512(k ? _mm512_srli_epi32(Q, bits * k) : Q, mask);
+                for (int r = 0; r < RB; r++) dp512_into(&acc[r][k], wv[r], x);
             }
         }
         int32_t a32[RBI * 4 * 16]; /* [RB][k][i] */
         for (int r = 0; r < RB; r++)
-            for (int k = 0; k < per; k++) _mm512_storeu_si512(a32 + ((size_t)r * per + (size_t)k) * 16, acc[r][k]);
+            for (int k = 0; k < per; k++) {
+                __m512i a = acc[r][k];
+                if (bits == 2 && k) a = _mm512_srai_epi32(a, k == 2 ? 4 : 2); /* exact: a multiple of s_k */
+                _mm512_storeu_si512(a32 + ((size_t)r * per + (size_t)k) * 16, a);
+            }
         pv_int_store(ap, ldA, a32, e, (int)c * per, per, cb * per, RB);
     }
 }

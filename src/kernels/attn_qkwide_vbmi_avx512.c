@@ -1,4 +1,8 @@
-/* Key page scores with a wide (15-bit) query: AVX-512 VBMI + VNNI.
+/* Key page scores on AVX-512 VBMI + VNNI: the VBMI table's key kernels.
+ * kkv_vbmi512_qk_byte (the table's entry, at the end of this file) scores
+ * pages with n_boost <= D / 2 with an 8-bit query, bit for bit as the AVX2
+ * table's 8-bit kernel does, and hands the others to kkv_vbmi512_qk_wide,
+ * the 15-bit query described first. Both share the quads of code rows below.
  *
  * s_t = sum_j q_j k_tj with k_tj = c_tj * scale_j + mn_j, so
  *   s_t = sum_j f_j c_tj + sum_j q_j mn_j,   f_j = q_j * scale_j.
@@ -72,6 +76,17 @@ AI void quad_of(__m512i *t, const uint8_t *r, size_t rowb, __mmask32 m, int nr, 
     __m512i z1 = rows2(r, rowb, m, nr > 0, nr > 1), z2 = rows2(r + 2 * rowb, rowb, m, nr > 2, nr > 3);
     t[0] = _mm512_permutex2var_epi8(z1, ix0, z2);
     t[1] = _mm512_permutex2var_epi8(z1, ix1, z2);
+}
+
+/* The code quads of one chunk (row bytes [c, c + nbytes), m their mask;
+ * lo, hi: the planes' rows at that offset): T [quad][half], the D / 4 lo
+ * quads, then the hi planes' ceil(nb / 4), a quad's dead rows as zeros. */
+AI void chunk_quads(__m512i (*T)[2], const uint8_t *lo, const uint8_t *hi, size_t rowb, __mmask32 m, int D, int nb,
+                    __m512i ix0, __m512i ix1) {
+    int nq = D / 4, nh = (nb + 3) / 4;
+    for (int qd = 0; qd < nq; qd++) quad_of(T[qd], lo + (size_t)(4 * qd) * rowb, rowb, m, 4, ix0, ix1);
+    for (int hq = 0; hq < nh; hq++)
+        quad_of(T[nq + hq], hi + (size_t)(4 * hq) * rowb, rowb, m, nb - 4 * hq < 4 ? nb - 4 * hq : 4, ix0, ix1);
 }
 
 /* dst[k] = src[ix[k]] for k < n (every ix[k] < D <= 256), zero from n up to
@@ -190,6 +205,28 @@ AI int fold_wide(int8_t (*w)[2][WQ], float *d, float *cst, const float *q, int R
     return 1;
 }
 
+/* The scores of RB heads from their per-phase vectors v [head][phase k]
+ * [half] (lane i of half h: token 64 h + 4 i + k) into token order at s
+ * (row stride G), the first 4 * nbytes tokens. */
+AI void store_tokens(float *s, int G, __m512 (*v)[4][2], int nbytes, int RB) {
+    int ntok = 4 * nbytes;
+    for (int o = 0; o < 4; o++) {
+        __m512i ix = _mm512_loadu_si512(tok_ix[o]);
+        for (int h = 0; h < 2; h++) {
+            int t0 = 64 * h + 16 * o;
+            if (t0 >= ntok) continue;
+            __mmask16 m = (__mmask16)(ntok - t0 >= 16 ? 0xFFFFu : (1u << (ntok - t0)) - 1);
+            for (int r = 0; r < RB; r++) {
+                __m512 p01 = _mm512_permutex2var_ps(v[r][0][h], ix, v[r][1][h]);
+                __m512 p23 = _mm512_permutex2var_ps(v[r][2][h], ix, v[r][3][h]);
+                __m512 sc = _mm512_mask_blend_ps(0xCCCC, p01, p23);
+                if (m == 0xFFFFu) _mm512_storeu_ps(s + (size_t)r * G + t0, sc); /* forwards to the softmax */
+                else _mm512_mask_storeu_ps(s + (size_t)r * G + t0, m, sc);
+            }
+        }
+    }
+}
+
 /* Scores of RB heads over the quads T (nq lo, then nh hi) of one chunk of
  * 4 * nbytes tokens, stored at s (row stride G). */
 AI void quads_rb(float *s, int G, const __m512i (*T)[2], int nq, int nh, const int8_t (*w)[2][WQ],
@@ -229,22 +266,7 @@ AI void quads_rb(float *s, int G, const __m512i (*T)[2], int nq, int nh, const i
                 v[r][k][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_set1_ps(d[r]), _mm512_set1_ps(cst[r]));
             }
     }
-    int ntok = 4 * nbytes;
-    for (int o = 0; o < 4; o++) {
-        __m512i ix = _mm512_loadu_si512(tok_ix[o]);
-        for (int h = 0; h < 2; h++) {
-            int t0 = 64 * h + 16 * o;
-            if (t0 >= ntok) continue;
-            __mmask16 m = (__mmask16)(ntok - t0 >= 16 ? 0xFFFFu : (1u << (ntok - t0)) - 1);
-            for (int r = 0; r < RB; r++) {
-                __m512 p01 = _mm512_permutex2var_ps(v[r][0][h], ix, v[r][1][h]);
-                __m512 p23 = _mm512_permutex2var_ps(v[r][2][h], ix, v[r][3][h]);
-                __m512 sc = _mm512_mask_blend_ps(0xCCCC, p01, p23);
-                if (m == 0xFFFFu) _mm512_storeu_ps(s + (size_t)r * G + t0, sc); /* forwards to the softmax */
-                else _mm512_mask_storeu_ps(s + (size_t)r * G + t0, m, sc);
-            }
-        }
-    }
+    store_tokens(s, G, v, nbytes, RB);
 }
 
 /* Always inlined: the entry point calls it with the engines' shapes as constants. */
@@ -267,10 +289,7 @@ AI void qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D,
             int nbytes = rowb - c < 32 ? (int)(rowb - c) : 32;
             __mmask32 m = nbytes == 32 ? 0xFFFFFFFFu : (1u << nbytes) - 1;
             __m512i T[2 * KKV_MAX_HEAD_DIM / 4][2]; /* [quad][half]: lo quads, then hi quads */
-            for (int qd = 0; qd < nq; qd++) quad_of(T[qd], page + L.lo + (size_t)(4 * qd) * rowb + c, rowb, m, 4, ix0, ix1);
-            for (int hq = 0; hq < nh; hq++)
-                quad_of(T[nq + hq], page + L.hi + (size_t)(4 * hq) * rowb + c, rowb, m,
-                        nb - 4 * hq < 4 ? nb - 4 * hq : 4, ix0, ix1);
+            chunk_quads(T, page + L.lo + c, page + L.hi + c, rowb, m, D, nb, ix0, ix1);
             float *sr = s + (size_t)r0 * G + 4 * c;
             const int8_t(*wc)[2][WQ] = (const int8_t(*)[2][WQ])w;
             const __m512i(*Tc)[2] = (const __m512i(*)[2])T;
@@ -288,4 +307,216 @@ void kkv_vbmi512_qk_wide(float *s, const float *q, int n_rep, const uint8_t *pag
     if (G == 128 && D == 64 && n_rep == 3) qk_wide(s, q, 3, page, 64, 128, nb);
     else if (G == 128 && D == 256 && n_rep == 4) qk_wide(s, q, 4, page, 256, 128, nb);
     else qk_wide(s, q, n_rep, page, D, G, nb);
+}
+
+/* ---- The 8-bit query: the VBMI table's key kernel for n_boost <= D / 2 ----
+ *
+ * The wide kernel spends two vpdpbusd per quad, head and phase (the a and b
+ * planes), and on an AVX-512 Xeon those were most of its time: ~865 of them
+ * a page (D 64, 8 boosted, 3 heads). With the query on 8 bits (the AVX2
+ * table's step, d = max |f| / 127; why that is accurate enough:
+ * attn_qkbyte_avx2.c) each needs one. The fold gives the AVX2 byte kernel's
+ * x, d and constant (fold8), and the integer sums are exact in both, so the
+ * scores are bit for bit that kernel's, and its error bound is this one's.
+ *
+ * Most quads need no shift: phase k's lo codes are taken in place by the
+ * mask 3 << 2k (k < 3), i.e. scaled by s_k = 4^k; phase 3 by (T >> 4) & 12,
+ * s_3 = 4. A hi-plane code weighs 4x a lo code, so it comes in at 4 s_k:
+ * (T << 2) & (12 << 2k) for k < 3, (T >> 2) & 48 for k = 3 (the bits a
+ * 32-bit shift carries across bytes fall outside every mask); a byte is at
+ * most 3 * 64 = 192. Phase k's sum is then s_k S exactly (|s_k S| <= 16 *
+ * 127 * (3 D + 12 nb) < 2^24, so its float is exact too), and
+ * fma(s_k S, d / s_k, cst) = fma(S, d, cst) with d / s_k exact: the AVX2
+ * kernel's float step, the same bits. */
+#define WB (3 * KKV_MAX_HEAD_DIM / 2 + 64) /* weight bytes: D channels, the hi ranks, zeros to a whole 64 */
+
+/* fold_query of qkfold_avx2.h with qmax 127 (the AVX2 byte kernel's fold)
+ * for RB heads, on 512-bit registers and with its result as bytes: w [head]
+ * the D channels' x, then at D + k the x of high rank k's channel (0 for a
+ * rank no channel claims; the lowest channel where several do), zeros to a
+ * whole register. x and d are lane by lane the same operations; cst sums in
+ * fold_query's order (8-lane accumulators over channels j..j+7, then
+ * j+8..j+15, a partial last 8 included, then hsum), so all three are its
+ * bits. The bytes go out in whole-register stores that the quads' dword
+ * loads forward from (int16 halves and scalar rank stores, read back wider,
+ * stalled: ~70 ns a page). Returns 0 when some f is not finite. */
+AI int fold8(int8_t (*w)[WB], float *d, float *cst, const float *q, int RB, const float *scale,
+             const float *mn, const uint8_t *idx, int D, int nb) {
+    __m512 mx[RBW], vinv[RBW], vd[RBW];
+    __m256 c8[RBW], corr8[RBW];
+    __mmask16 bad = 0;
+    for (int r = 0; r < RB; r++) mx[r] = _mm512_setzero_ps();
+    for (int j = 0; j < D; j += 16) {
+        __mmask16 m = (__mmask16)(D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
+        __m512 sv = _mm512_maskz_loadu_ps(m, scale + j);
+        for (int r = 0; r < RB; r++) {
+            __m512 av = _mm512_abs_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + (size_t)r * D + j), sv));
+            bad |= _mm512_cmp_ps_mask(av, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ); /* inf or NaN */
+            mx[r] = _mm512_max_ps(mx[r], av);
+        }
+    }
+    if (bad) return 0;
+    for (int r = 0; r < RB; r++) {
+        float M = _mm512_reduce_max_ps(mx[r]);
+        if (fold_too_small(M)) return 0; /* the float kernel takes the page */
+        d[r] = M / 127.0f;
+        vinv[r] = _mm512_set1_ps(M > 0.0f ? 127.0f / M : 0.0f);
+        vd[r] = _mm512_set1_ps(d[r]);
+        c8[r] = corr8[r] = _mm256_setzero_ps();
+    }
+    __m512i lo64[RBW]; /* [head] the bytes of channels 0..63, for the hi ranks when D <= 64 */
+    for (int jb = 0; jb < D; jb += 64) {
+        __m128i xb[RBW][4]; /* [head][16 channels] x as bytes */
+        for (int e = 0; e < 4; e++) {
+            int j = jb + 16 * e;
+            if (j >= D) {
+                for (int r = 0; r < RB; r++) xb[r][e] = _mm_setzero_si128();
+                continue;
+            }
+            __mmask16 m = (__mmask16)(D - j >= 16 ? 0xFFFFu : (1u << (D - j)) - 1);
+            __m512 sv = _mm512_maskz_loadu_ps(m, scale + j), nv = _mm512_maskz_loadu_ps(m, mn + j);
+            __mmask16 boosted = _mm512_cmplt_epu32_mask(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, idx + j)),
+                                                        _mm512_set1_epi32(nb));
+            __m512 half = _mm512_maskz_mov_ps(m, _mm512_mask_blend_ps(boosted, _mm512_set1_ps(1.5f), _mm512_set1_ps(7.5f)));
+            for (int r = 0; r < RB; r++) {
+                __m512 qv = _mm512_maskz_loadu_ps(m, q + (size_t)r * D + j), fv = _mm512_mul_ps(qv, sv);
+                __m512i xi = _mm512_cvtps_epi32(_mm512_mul_ps(fv, vinv[r])); /* |x| <= 127; 0 past D */
+                __m512 t = _mm512_fnmadd_ps(vd[r], _mm512_cvtepi32_ps(xi), fv);
+                c8[r] = _mm256_fmadd_ps(_mm512_castps512_ps256(qv), _mm512_castps512_ps256(nv), c8[r]);
+                corr8[r] = _mm256_fmadd_ps(_mm512_castps512_ps256(t), _mm512_castps512_ps256(half), corr8[r]);
+                if (j + 8 < D) {
+                    c8[r] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(qv, 1), _mm512_extractf32x8_ps(nv, 1), c8[r]);
+                    corr8[r] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(t, 1), _mm512_extractf32x8_ps(half, 1), corr8[r]);
+                }
+                xb[r][e] = _mm512_cvtepi32_epi8(xi); /* exact: |x| <= 127 */
+            }
+        }
+        for (int r = 0; r < RB; r++) {
+            __m512i v = _mm512_castsi128_si512(xb[r][0]);
+            v = _mm512_inserti32x4(v, xb[r][1], 1);
+            v = _mm512_inserti32x4(v, xb[r][2], 2);
+            v = _mm512_inserti32x4(v, xb[r][3], 3);
+            _mm512_storeu_si512(w[r] + jb, v);
+            lo64[r] = v;
+        }
+    }
+    for (int r = 0; r < RB; r++) cst[r] = hsum(c8[r]) + hsum(corr8[r]);
+    __mmask64 live = nb >= 64 ? ~0ull : (1ull << nb) - 1;
+    if (D <= 64) { /* rank k's channel by one compare per rank, then one byte permute per head */
+        __m512i iv = _mm512_maskz_loadu_epi8(D >= 64 ? ~0ull : (1ull << D) - 1, idx), cv = _mm512_setzero_si512();
+        __mmask64 claimed = 0;
+        for (int k = 0; k < nb; k++) {
+            uint64_t mk = _mm512_cmpeq_epi8_mask(iv, _mm512_set1_epi8((char)k));
+            cv = _mm512_mask_mov_epi8(cv, 1ull << k, _mm512_set1_epi8((char)(mk ? __builtin_ctzll(mk) : 0)));
+            claimed |= mk ? 1ull << k : 0;
+        }
+        for (int r = 0; r < RB; r++) _mm512_storeu_si512(w[r] + D, _mm512_maskz_permutexvar_epi8(live & claimed, cv, lo64[r]));
+        return 1;
+    }
+    /* [nb] the channel of each rank (0 where none claims it) and whether one
+     * does; [idx] values past nb land in sink, unread */
+    uint8_t inv[KKV_MAX_HEAD_DIM + 64], got[KKV_MAX_HEAD_DIM + 1], sink[KKV_MAX_HEAD_DIM + 1];
+    memset(inv, 0, (size_t)nb);
+    memset(got, 0, (size_t)nb);
+    for (int j = D - 1; j >= 0; j--) { /* the lowest wins */
+        (idx[j] < nb ? inv : sink)[idx[j]] = (uint8_t)j;
+        (idx[j] < nb ? got : sink)[idx[j]] = 1;
+    }
+    int unclaimed = 0;
+    for (int k = 0; k < nb; k++) unclaimed |= !got[k];
+    for (int r = 0; r < RB; r++) {
+        gather_bytes(w[r] + D, w[r], inv, D, nb);
+        if (unclaimed) /* a damaged page: its unclaimed ranks weigh 0, as in the scalar reference */
+            for (int k = 0; k < nb; k++)
+                if (!got[k]) w[r][D + k] = 0;
+    }
+    return 1;
+}
+
+/* Scores of RB heads over the quads T (nq lo, then nh hi) of one chunk of
+ * 4 * nbytes tokens, 8-bit weights w [head][quad dword], stored at s (row
+ * stride G). Two phases per pass: with one, each of the 2 RB sums took one
+ * vpdpbusd per quad, and the loop waited on their latency (5 cycles an
+ * iteration for 8 vector instructions); 4 RB sums hide it. */
+AI void quads8_rb(float *s, int G, const __m512i (*T)[2], int nq, int nh, const int8_t (*w)[WB],
+                  const float *d, const float *cst, int nbytes, int RB) {
+    __m512 v[RBW][4][2]; /* [head][phase k][half]: scores of tokens 4i + k */
+    const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12), m48 = _mm512_set1_epi8(48),
+                  m192 = _mm512_set1_epi8((char)192);
+    for (int k0 = 0; k0 < 4; k0 += 2) {
+        __m512i acc[RBW][2][2]; /* [head][phase k0, k0 + 1][half] */
+        for (int r = 0; r < RB; r++) acc[r][0][0] = acc[r][0][1] = acc[r][1][0] = acc[r][1][1] = _mm512_setzero_si512();
+        for (int qd = 0; qd < nq + nh; qd++) {
+            __m512i x[2][2]; /* [phase][half] the quad's codes, times s_k (lo) or 4 s_k (hi) */
+            for (int h = 0; h < 2; h++) {
+                __m512i t = T[qd][h];
+                if (qd < nq && k0 == 0) x[0][h] = _mm512_and_si512(t, m3), x[1][h] = _mm512_and_si512(t, m12);
+                else if (qd < nq) x[0][h] = _mm512_and_si512(t, m48), x[1][h] = _mm512_and_si512(_mm512_srli_epi32(t, 4), m12);
+                else if (k0 == 0) {
+                    __m512i t2 = _mm512_slli_epi32(t, 2);
+                    x[0][h] = _mm512_and_si512(t2, m12), x[1][h] = _mm512_and_si512(t2, m48);
+                } else {
+                    x[0][h] = _mm512_and_si512(_mm512_slli_epi32(t, 2), m192);
+                    x[1][h] = _mm512_and_si512(_mm512_srli_epi32(t, 2), m48);
+                }
+            }
+            for (int r = 0; r < RB; r++) {
+                int32_t wq;
+                memcpy(&wq, w[r] + 4 * qd, 4);
+                __m512i vw = _mm512_set1_epi32(wq);
+                for (int p = 0; p < 2; p++)
+                    for (int h = 0; h < 2; h++) dp512_into(&acc[r][p][h], x[p][h], vw);
+            }
+        }
+        for (int p = 0; p < 2; p++) {
+            int k = k0 + p;
+            float inv_s = k == 0 ? 1.0f : k == 2 ? 0.0625f : 0.25f; /* 1 / s_k */
+            for (int r = 0; r < RB; r++)
+                for (int h = 0; h < 2; h++)
+                    v[r][k][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][p][h]), _mm512_set1_ps(d[r] * inv_s),
+                                                 _mm512_set1_ps(cst[r]));
+        }
+    }
+    store_tokens(s, G, v, nbytes, RB);
+}
+
+/* Always inlined: the entry point calls it with the engines' shapes as constants. */
+AI void qk_byte(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
+    kkv_key_layout L = key_page_f32(scale, mn, page, D, G, nb);
+    size_t rowb = (size_t)G / 4;
+    int nq = D / 4, nh = (nb + 3) / 4;
+    const __m512i ix0 = _mm512_loadu_si512(quad_ix[0]), ix1 = _mm512_loadu_si512(quad_ix[1]);
+    for (int r0 = 0; r0 < n_rep; r0 += RBW) {
+        int rb = n_rep - r0 < RBW ? n_rep - r0 : RBW;
+        float d[RBW], cst[RBW];
+        int8_t w[RBW][WB]; /* [head][D channels, then the hi ranks] x as bytes */
+        if (!fold8(w, d, cst, q + (size_t)r0 * D, rb, scale, mn, page + L.idx, D, nb)) {
+            kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
+            return;
+        }
+        for (size_t c = 0; c < rowb; c += 32) {
+            int nbytes = rowb - c < 32 ? (int)(rowb - c) : 32;
+            __mmask32 m = nbytes == 32 ? 0xFFFFFFFFu : (1u << nbytes) - 1;
+            __m512i T[3 * KKV_MAX_HEAD_DIM / 8][2]; /* [quad][half]: lo quads, then hi quads (nb <= D / 2) */
+            chunk_quads(T, page + L.lo + c, page + L.hi + c, rowb, m, D, nb, ix0, ix1);
+            float *sr = s + (size_t)r0 * G + 4 * c;
+            const int8_t(*wc)[WB] = (const int8_t(*)[WB])w;
+            const __m512i(*Tc)[2] = (const __m512i(*)[2])T;
+            if (rb == 4) quads8_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 4);
+            else if (rb == 3) quads8_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 3);
+            else if (rb == 2) quads8_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 2);
+            else quads8_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 1);
+        }
+    }
+}
+
+void kkv_vbmi512_qk_byte(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    if (2 * nb > D) { /* mostly 4-bit keys: the 15-bit query */
+        kkv_vbmi512_qk_wide(s, q, n_rep, page, D, G, nb);
+        return;
+    }
+    if (G == 128 && D == 64 && n_rep == 3) qk_byte(s, q, 3, page, 64, 128, nb);
+    else if (G == 128 && D == 256 && n_rep == 4) qk_byte(s, q, 4, page, 256, 128, nb);
+    else qk_byte(s, q, n_rep, page, D, G, nb);
 }

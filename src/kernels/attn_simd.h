@@ -38,6 +38,11 @@ void kkv_vbmi512_pv_page(float *acc, const float *p, int n_rep, const uint8_t *p
  * own error bound (d = max |q_j scale_j| / 32639), not the int8 kernels' bits. */
 void kkv_vbmi512_qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
                          int nb);
+/* Key scores with an 8-bit query (attn_qkwide_vbmi_avx512.c; AVX-512 VBMI +
+ * VNNI): the VBMI table's key kernel. Bit-identical to kkv_avx2_qk_byte on
+ * pages with n_boost <= D / 2; the others go to kkv_vbmi512_qk_wide. */
+void kkv_vbmi512_qk_byte(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
+                         int nb);
 /* Key scores with a 16-bit query on one step per page and head, vpmaddwd
  * (attn_qkwide_avx2.c; the AVX2 table's key kernel). Its own error bound
  * (d = max |q_j scale_j| / kkv_avx2_qk_wide_qmax(D, nb)). */

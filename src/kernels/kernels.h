@@ -14,7 +14,8 @@
  *    and VBMI builds) all give the same bits. The key kernels: the AVX2
  *    tables' (attn_qkbyte_avx2.c, 8 bits, which hands pages with more
  *    than D / 2 boosted channels to attn_qkwide_avx2.c, 16 bits), the
- *    VBMI table's (attn_qkwide_vbmi_avx512.c, 15 bits) and the int8 ones of
+ *    VBMI table's (attn_qkwide_vbmi_avx512.c: the AVX2 8-bit kernel's bits,
+ *    and 15 bits on the pages with more than D / 2 boosted) and the int8 ones of
  *    attn_int_impl.h (the AVX-512 VNNI table's; their AVX2 and AVX-VNNI
  *    builds stay tested):
  *      qk_page: |s_t - ref| <= sum_j d_g(j)/2 * |c_tj - maxq_j/2| + rounding,
