@@ -782,12 +782,6 @@ AI void pv_quads(float *ap, int ldA, const uint8_t *wq, size_t ldwv, const float
 #endif
 
 #ifdef KKV_INT_VBMI
-/* pv_int_rb with AVX-512 VBMI + VNNI: four token rows of a 16-byte column
- * chunk (one 64-byte load when a row is 16 bytes) are transposed by one vpermb
- * into dwords of four tokens per code byte; each plane k is (quad >> bits k)
- * & mask, and one 512-bit vpdpbusd per plane and head adds four tokens of 16
- * channels. Rows are loaded and moved once for all planes. Same exact sums as
- * pv_vnni_plane, so the same a32 and the same output bits. */
 /* Plane k of 2-bit code quads Q, times s_k: planes 1 and 2 are masked in
  * place (Q & 12: s_1 = 4; Q & 48: s_2 = 16) and plane 3 shifted by 4, not 6
  * ((Q >> 4) & 12: s_3 = 4), so only one of the four needs a shift. Each byte
@@ -798,6 +792,13 @@ AI __m512i plane2_scaled(__m512i Q, int k) {
     return _mm512_and_si512(k == 3 ? _mm512_srli_epi32(Q, 4) : Q, _mm512_set1_epi8(m[k]));
 }
 
+/* pv_int_rb with AVX-512 VBMI + VNNI: four token rows of a 16-byte column
+ * chunk (one 64-byte load when a row is 16 bytes) are transposed by one vpermb
+ * into dwords of four tokens per code byte; each plane k is (quad >> bits k)
+ * & mask (2-bit planes: plane2_scaled), and one 512-bit vpdpbusd per plane and
+ * head adds four tokens of 16 channels. Rows are loaded and moved once for all
+ * planes. Same exact sums as pv_vnni_plane, so the same a32 and the same
+ * output bits. */
 AI void pv_vbmi_chunks(float *ap, int ldA, const uint8_t *wq, size_t ldwv, const float *e,
                        const uint8_t *codes, int n, int D, int bits, int per, int RB) {
     size_t rowb = (size_t)D * (size_t)bits / 8;
