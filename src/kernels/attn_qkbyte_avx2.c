@@ -206,9 +206,5 @@ void kkv_avx2_qk_byte(float *s, const float *q, int n_rep, const uint8_t *page, 
         kkv_avx2_qk_wide(s, q, n_rep, page, D, G, nb);
         return;
     }
-    /* The engines' shapes (SmolLM2: D 64, 3 query heads per KV head; Gemma 3:
-     * D 256 with 4; 128-token pages) get copies with constant sizes. */
-    if (G == 128 && D == 64 && n_rep == 3) qk_byte8(s, q, 3, page, 64, 128, nb);
-    else if (G == 128 && D == 256 && n_rep == 4) qk_byte8(s, q, 4, page, 256, 128, nb);
-    else qk_byte8(s, q, n_rep, page, D, G, nb);
+    KKV_QK_ENGINE_SHAPES(qk_byte8, s, q, n_rep, page, D, G, nb);
 }

@@ -173,9 +173,5 @@ AI void qk_wide16(float *s, const float *q, int n_rep, const uint8_t *page, int 
 }
 
 void kkv_avx2_qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
-    /* The engines' shapes (SmolLM2: D 64, 3 query heads per KV head; Gemma 3:
-     * D 256 with 4; 128-token pages) get copies with constant sizes. */
-    if (G == 128 && D == 64 && n_rep == 3) qk_wide16(s, q, 3, page, 64, 128, nb);
-    else if (G == 128 && D == 256 && n_rep == 4) qk_wide16(s, q, 4, page, 256, 128, nb);
-    else qk_wide16(s, q, n_rep, page, D, G, nb);
+    KKV_QK_ENGINE_SHAPES(qk_wide16, s, q, n_rep, page, D, G, nb);
 }

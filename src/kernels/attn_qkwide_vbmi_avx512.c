@@ -269,46 +269,6 @@ AI void quads_rb(float *s, int G, const __m512i (*T)[2], int nq, int nh, const i
     store_tokens(s, G, v, nbytes, RB);
 }
 
-/* Always inlined: the entry point calls it with the engines' shapes as constants. */
-AI void qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
-    float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
-    kkv_key_layout L = key_page_f32(scale, mn, page, D, G, nb);
-    const uint8_t *idx = page + L.idx;
-    size_t rowb = (size_t)G / 4;
-    int nq = D / 4, nh = (nb + 3) / 4;
-    const __m512i ix0 = _mm512_loadu_si512(quad_ix[0]), ix1 = _mm512_loadu_si512(quad_ix[1]);
-    for (int r0 = 0; r0 < n_rep; r0 += RBW) {
-        int rb = n_rep - r0 < RBW ? n_rep - r0 : RBW;
-        float d[RBW], cst[RBW];
-        int8_t w[RBW][2][WQ]; /* [head][a, b][D channels, then the hi ranks] */
-        if (!fold_wide(w, d, cst, q + (size_t)r0 * D, rb, scale, mn, idx, D, nb)) {
-            kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
-            return;
-        }
-        for (size_t c = 0; c < rowb; c += 32) {
-            int nbytes = rowb - c < 32 ? (int)(rowb - c) : 32;
-            __mmask32 m = nbytes == 32 ? 0xFFFFFFFFu : (1u << nbytes) - 1;
-            __m512i T[2 * KKV_MAX_HEAD_DIM / 4][2]; /* [quad][half]: lo quads, then hi quads */
-            chunk_quads(T, page + L.lo + c, page + L.hi + c, rowb, m, D, nb, ix0, ix1);
-            float *sr = s + (size_t)r0 * G + 4 * c;
-            const int8_t(*wc)[2][WQ] = (const int8_t(*)[2][WQ])w;
-            const __m512i(*Tc)[2] = (const __m512i(*)[2])T;
-            if (rb == 4) quads_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 4);
-            else if (rb == 3) quads_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 3);
-            else if (rb == 2) quads_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 2);
-            else quads_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 1);
-        }
-    }
-}
-
-void kkv_vbmi512_qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
-    /* The engines' shapes (SmolLM2: D 64, 3 query heads per KV head; Gemma 3:
-     * D 256 with 4; 128-token pages) get copies with constant sizes. */
-    if (G == 128 && D == 64 && n_rep == 3) qk_wide(s, q, 3, page, 64, 128, nb);
-    else if (G == 128 && D == 256 && n_rep == 4) qk_wide(s, q, 4, page, 256, 128, nb);
-    else qk_wide(s, q, n_rep, page, D, G, nb);
-}
-
 /* ---- The 8-bit query: the VBMI table's key kernel for n_boost <= D / 2 ----
  *
  * The wide kernel spends two vpdpbusd per quad, head and phase (the a and b
@@ -480,8 +440,20 @@ AI void quads8_rb(float *s, int G, const __m512i (*T)[2], int nq, int nh, const 
     store_tokens(s, G, v, nbytes, RB);
 }
 
-/* Always inlined: the entry point calls it with the engines' shapes as constants. */
-AI void qk_byte(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+/* RB_CALL(fn, rb, args...): fn(args..., RB) with RB = rb (1..4) a constant. */
+#define RB_CALL(fn, rb, ...)                   \
+    do {                                       \
+        if ((rb) == 4) fn(__VA_ARGS__, 4);     \
+        else if ((rb) == 3) fn(__VA_ARGS__, 3); \
+        else if ((rb) == 2) fn(__VA_ARGS__, 2); \
+        else fn(__VA_ARGS__, 1);               \
+    } while (0)
+
+/* Both key kernels: per group of up to RBW heads the fold (wide: the 15-bit
+ * fold_wide, else the 8-bit fold8), then per 32-byte chunk of the rows (128
+ * tokens) the code quads and their scores. Always inlined, wide a constant
+ * at each call, and the entry points pass the engines' shapes as constants. */
+AI void qk_vbmi(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb, int wide) {
     float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; /* [D] */
     kkv_key_layout L = key_page_f32(scale, mn, page, D, G, nb);
     size_t rowb = (size_t)G / 4;
@@ -490,25 +462,39 @@ AI void qk_byte(float *s, const float *q, int n_rep, const uint8_t *page, int D,
     for (int r0 = 0; r0 < n_rep; r0 += RBW) {
         int rb = n_rep - r0 < RBW ? n_rep - r0 : RBW;
         float d[RBW], cst[RBW];
-        int8_t w[RBW][WB]; /* [head][D channels, then the hi ranks] x as bytes */
-        if (!fold8(w, d, cst, q + (size_t)r0 * D, rb, scale, mn, page + L.idx, D, nb)) {
+        /* wide: [head][a, b][WQ] byte planes; 8-bit: [head][WB] bytes */
+        int8_t wbuf[RBW * 2 * WQ];
+        _Static_assert(RBW * WB <= RBW * 2 * WQ, "the 8-bit weights fit the wide ones' buffer");
+        int8_t(*w2)[2][WQ] = (int8_t(*)[2][WQ])(void *)wbuf;
+        int8_t(*w1)[WB] = (int8_t(*)[WB])(void *)wbuf;
+        const float *qr = q + (size_t)r0 * D;
+        if (!(wide ? fold_wide(w2, d, cst, qr, rb, scale, mn, page + L.idx, D, nb)
+                   : fold8(w1, d, cst, qr, rb, scale, mn, page + L.idx, D, nb))) {
             kkv_avx2_qk_page(s, q, n_rep, page, D, G, nb);
             return;
         }
         for (size_t c = 0; c < rowb; c += 32) {
             int nbytes = rowb - c < 32 ? (int)(rowb - c) : 32;
             __mmask32 m = nbytes == 32 ? 0xFFFFFFFFu : (1u << nbytes) - 1;
-            __m512i T[3 * KKV_MAX_HEAD_DIM / 8][2]; /* [quad][half]: lo quads, then hi quads (nb <= D / 2) */
+            __m512i T[2 * KKV_MAX_HEAD_DIM / 4][2]; /* [quad][half]: lo quads, then hi quads */
             chunk_quads(T, page + L.lo + c, page + L.hi + c, rowb, m, D, nb, ix0, ix1);
             float *sr = s + (size_t)r0 * G + 4 * c;
-            const int8_t(*wc)[WB] = (const int8_t(*)[WB])w;
             const __m512i(*Tc)[2] = (const __m512i(*)[2])T;
-            if (rb == 4) quads8_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 4);
-            else if (rb == 3) quads8_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 3);
-            else if (rb == 2) quads8_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 2);
-            else quads8_rb(sr, G, Tc, nq, nh, wc, d, cst, nbytes, 1);
+            if (wide) RB_CALL(quads_rb, rb, sr, G, Tc, nq, nh, (const int8_t(*)[2][WQ])w2, d, cst, nbytes);
+            else RB_CALL(quads8_rb, rb, sr, G, Tc, nq, nh, (const int8_t(*)[WB])w1, d, cst, nbytes);
         }
     }
+}
+
+AI void qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    qk_vbmi(s, q, n_rep, page, D, G, nb, 1);
+}
+AI void qk_byte(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    qk_vbmi(s, q, n_rep, page, D, G, nb, 0);
+}
+
+void kkv_vbmi512_qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
+    KKV_QK_ENGINE_SHAPES(qk_wide, s, q, n_rep, page, D, G, nb);
 }
 
 void kkv_vbmi512_qk_byte(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
@@ -516,7 +502,5 @@ void kkv_vbmi512_qk_byte(float *s, const float *q, int n_rep, const uint8_t *pag
         kkv_vbmi512_qk_wide(s, q, n_rep, page, D, G, nb);
         return;
     }
-    if (G == 128 && D == 64 && n_rep == 3) qk_byte(s, q, 3, page, 64, 128, nb);
-    else if (G == 128 && D == 256 && n_rep == 4) qk_byte(s, q, 4, page, 256, 128, nb);
-    else qk_byte(s, q, n_rep, page, D, G, nb);
+    KKV_QK_ENGINE_SHAPES(qk_byte, s, q, n_rep, page, D, G, nb);
 }

@@ -6,6 +6,17 @@
 
 #include "kernels/kernels.h"
 
+/* Calls body (an always-inlined key kernel taking qk_page's arguments) with
+ * the engines' shapes as constants where the call has one of them (SmolLM2:
+ * D 64, 3 query heads per KV head; Gemma 3: D 256 with 4; 128-token pages),
+ * so the compiler unrolls its loops for them; else with the sizes as given. */
+#define KKV_QK_ENGINE_SHAPES(body, s, q, n_rep, page, D, G, nb)                          \
+    do {                                                                                  \
+        if ((G) == 128 && (D) == 64 && (n_rep) == 3) body(s, q, 3, page, 64, 128, nb);   \
+        else if ((G) == 128 && (D) == 256 && (n_rep) == 4) body(s, q, 4, page, 256, 128, nb); \
+        else body(s, q, n_rep, page, D, G, nb);                                           \
+    } while (0)
+
 #if defined(__x86_64__)
 void kkv_avx2_qk_f16(float *s, const float *q, int n_rep, const uint16_t *k, int n, int D,
                      const void *pf);
