@@ -9,8 +9,8 @@
  *     #include <kittykv_cpu.h>
  *
  *     int main(void) {
- *         printf("best kernel: %s, %d cores\n", kkv_kernel_name(kkv_kernel_best()),
- *                kkv_cpu_count());
+ *         printf("best kernel: %s, %d cores, %s\n", kkv_kernel_name(kkv_kernel_best()),
+ *                kkv_cpu_count(), kkv_cpu_name());
  *         kkv_threadpool *tp;                   // one pool shared by every cache
  *         if (kkv_threadpool_create(&tp, 2) != KKV_OK) return 1;
  *         kkv_method m;
@@ -59,6 +59,13 @@ kkv_kernel  kkv_kernel_best(void);
 
 /* Online cores, at least 1. */
 int kkv_cpu_count(void);
+/* One line naming this CPU for benchmark reports, so a figure says which
+ * machine gave it: the cpuid brand string, family and model (a hypervisor
+ * may shorten the brand string; family and model still tell generations
+ * apart), and the instruction sets the kernels may use after the KKV_CPU cap,
+ * e.g. "AMD EPYC (family 23, model 1; kernels: avx2)". A constant string that
+ * lives as long as the process; never NULL. */
+const char *kkv_cpu_name(void);
 
 /* A fixed pool of worker threads. Caches and models own one each by default
  * (kkv_cache_config.n_threads, kkv_model_load's n_threads); one pool can be

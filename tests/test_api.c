@@ -183,6 +183,12 @@ static void test_threadpool(void) {
     kkv_threadpool_free(NULL);
     CHECK(kkv_threadpool_size(NULL) == 1, "NULL pool is serial");
     CHECK(kkv_cpu_count() >= 1, "cpu count");
+    /* the report line: stable, and its kernel list starts with the level
+     * kkv_kernel_best() picks (both read the same capped features) */
+    const char *cpu = kkv_cpu_name(), *kl = cpu ? strstr(cpu, "kernels: ") : NULL;
+    const char *best = kkv_kernel_name(kkv_kernel_best());
+    CHECK(cpu && cpu == kkv_cpu_name() && strlen(cpu) > 12 && cpu[strlen(cpu) - 1] == ')', "cpu name line");
+    CHECK(kl && strncmp(kl + 9, best, strlen(best)) == 0, "cpu name lists the best kernel");
 }
 
 static const char *model_path(void) {

@@ -37,8 +37,15 @@ def cpu_count():
     return _lib.core.kkv_cpu_count()
 
 
+def cpu_name():
+    """One line naming this CPU for reports: brand, family, model and the
+    instruction sets the kernels may use, e.g.
+    "AMD EPYC (family 23, model 1; kernels: avx2)"."""
+    return _lib.core.kkv_cpu_name().decode()
+
+
 __all__ = ["Cache", "ClosedError", "ContextFull", "Error", "FileError", "FormatError",
            "Generation", "InvalidArgument", "KERNEL_NAMES", "Method", "Model", "NonFinite",
            "NotFound", "OutOfMemory", "PoolFull", "Quantized", "SELECT_NAMES", "Unsupported",
-           "chat_templates", "cpu_count", "kernel_best", "live_handles", "methods", "quantize",
+           "chat_templates", "cpu_count", "cpu_name", "kernel_best", "live_handles", "methods", "quantize",
            "status_str"]

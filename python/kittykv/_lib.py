@@ -226,6 +226,7 @@ _decl(core, "kkv_kernel_name", c_char_p, c_int)
 _decl(core, "kkv_cache_get_kernel", c_int, c_void_p)
 _decl(core, "kkv_cache_set_kernel", st, c_void_p, c_int)
 _decl(core, "kkv_cpu_count", c_int)
+_decl(core, "kkv_cpu_name", c_char_p)
 # optional: forks of a sequence, saved states (not in every version)
 
 

@@ -18,6 +18,12 @@ def test_imported_from_the_installed_package():
                                            "libkittykv.so"))
 
 
+def test_cpu_name_lists_the_best_kernel():
+    name = kittykv.cpu_name()
+    assert name.endswith(")") and name == kittykv.cpu_name()
+    assert name.split("kernels: ", 1)[1].startswith(kittykv.kernel_best())
+
+
 def test_methods_are_the_named_ones():
     names = kittykv.methods()
     assert names[0] == "fp16"

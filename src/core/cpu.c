@@ -3,8 +3,14 @@
 #include "core/cpu.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kittykv_cpu.h"
+
+/* kkv_cpu_name's line: brand (<= 48 bytes), family and model, feature list */
+static char cpu_line[192];
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
@@ -50,9 +56,49 @@ static void detect(kkv_cpu *cpu) {
         cpu->avxvnni = cpu->avx2 && ((a >> 4) & 1);
     }
 }
+/* "brand (family F, model M" into out [n]: the brand string of leaves
+ * 0x80000002-4 without its padding, and the display family and model of
+ * leaf 1 (extended fields added as the vendors document them). */
+static void describe(char *out, size_t n) {
+    unsigned int r[12] = {0}, a, b, c, d;
+    char brand[49] = "";
+    if (__get_cpuid(0x80000000u, &a, &b, &c, &d) && a >= 0x80000004u) {
+        for (unsigned int i = 0; i < 3; i++)
+            __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
+        memcpy(brand, r, 48);
+        brand[48] = 0;
+    }
+    char *s = brand, *e = brand + strlen(brand);
+    while (*s == ' ') s++;
+    while (e > s && (e[-1] == ' ' || e[-1] == 0)) *--e = 0;
+    unsigned int family = 0, model = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        unsigned int base = (a >> 8) & 0xF;
+        family = base == 0xF ? base + ((a >> 20) & 0xFF) : base;
+        model = (a >> 4) & 0xF;
+        if (base == 0x6 || base == 0xF) model |= ((a >> 16) & 0xF) << 4;
+    }
+    snprintf(out, n, "%s (family %u, model %u", *s ? s : "x86-64", family, model);
+}
 #else
 static void detect(kkv_cpu *cpu) { (void)cpu; }
+static void describe(char *out, size_t n) {
+#if defined(__aarch64__)
+    snprintf(out, n, "aarch64 (");
+#else
+    snprintf(out, n, "unknown CPU (");
 #endif
+}
+#endif
+
+/* cpu_line from describe() and the features left after the KKV_CPU cap. */
+static void name_line(const kkv_cpu *f) {
+    char head[128];
+    describe(head, sizeof head);
+    snprintf(cpu_line, sizeof cpu_line, "%s%skernels: %s%s%s%s)", head, head[strlen(head) - 1] == '(' ? "" : "; ",
+             f->avx512 ? "avx512" : f->avx2 ? "avx2" : "scalar", f->vnni ? " vnni" : "", f->vbmi ? " vbmi" : "",
+             f->avxvnni ? " avx-vnni" : "");
+}
 
 static kkv_cpu cpu_features;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
@@ -61,16 +107,8 @@ static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
  * dispatch path (tests and benchmarks use it): scalar; avx2 (no VNNI of any
  * kind); avxvnni (AVX2 + AVX-VNNI, no AVX-512); avx512vnni (AVX-512 with VNNI,
  * without VBMI: the 256-bit VNNI kernels); avx512 (AVX-512 without
- * VNNI). Other values, or none, leave what the CPU has. */
-static void init(void) {
-    detect(&cpu_features);
-    /* KKV_WT_PF=l2|nta overrides the weight-stream prefetch hint (to measure
-     * one against the other on a new CPU) */
-    const char *pf = getenv("KKV_WT_PF");
-    if (pf && strcmp(pf, "l2") == 0) cpu_features.wt_pf_l2 = 1;
-    if (pf && strcmp(pf, "nta") == 0) cpu_features.wt_pf_l2 = 0;
-    const char *cap = getenv("KKV_CPU");
-    if (!cap) return;
+ * VNNI). Other values leave what the CPU has. */
+static void apply_cap(const char *cap) {
     if (strcmp(cap, "scalar") == 0)
         cpu_features.avx2 = cpu_features.avx512 = cpu_features.vnni = cpu_features.avxvnni = 0;
     if (strcmp(cap, "avx2") == 0)
@@ -80,7 +118,24 @@ static void init(void) {
     if (!cpu_features.vnni || strcmp(cap, "avx512vnni") == 0) cpu_features.vbmi = 0;
 }
 
+static void init(void) {
+    detect(&cpu_features);
+    /* KKV_WT_PF=l2|nta overrides the weight-stream prefetch hint (to measure
+     * one against the other on a new CPU) */
+    const char *pf = getenv("KKV_WT_PF");
+    if (pf && strcmp(pf, "l2") == 0) cpu_features.wt_pf_l2 = 1;
+    if (pf && strcmp(pf, "nta") == 0) cpu_features.wt_pf_l2 = 0;
+    const char *cap = getenv("KKV_CPU");
+    if (cap) apply_cap(cap);
+    name_line(&cpu_features); /* after the cap: the line names what may run */
+}
+
 const kkv_cpu *kkv_cpu_get(void) {
     pthread_once(&cpu_once, init);
     return &cpu_features;
+}
+
+const char *kkv_cpu_name(void) {
+    kkv_cpu_get();
+    return cpu_line;
 }

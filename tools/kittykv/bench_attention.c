@@ -264,6 +264,7 @@ int bench_attention(int argc, char **argv) {
            sh.n_layers, sh.n_heads, sh.n_kv_heads, sh.head_dim,
            sh.from_model ? ", from the model" : ", default shapes", kkv_kernel_name(used),
            o.threads, o.threads > 1 ? "s" : "");
+    printf("cpu: %s\n", kkv_cpu_name());
     printf("read bandwidth (sum over %d MiB, %d thread%s): %.2f GB/s, the best of 10 reads on 2 MiB "
            "pages (%.2f) and 10 on 4 KiB pages (%.2f), interleaved\n", o.bw_mb,
            o.threads, o.threads > 1 ? "s" : "", bw, bw_huge, bw_small);
@@ -288,7 +289,9 @@ int bench_attention(int argc, char **argv) {
            "can exceed 100%%)\n", o.reps);
     if (S > 1) print_scaling(&o, &st, K, bw, bw1);
     if (o.json) {
-        printf("{\"bench\":\"attention\",\"kernel\":");
+        printf("{\"bench\":\"attention\",\"cpu\":");
+        cli_json_str(stdout, kkv_cpu_name());
+        printf(",\"kernel\":");
         cli_json_str(stdout, kkv_kernel_name(used));
         printf(",\"threads\":%d,\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,"
                "\"head_dim\":%d,\"shapes_from_model\":%s,\"bandwidth_gbs\":",

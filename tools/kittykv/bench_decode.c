@@ -303,6 +303,7 @@ int bench_decode(int argc, char **argv) {
                "context = synthetic K/V (prefill not timed), decode = real model\n",
                info.name[0] ? info.name : info.arch, info.n_layers, o.threads,
                o.threads > 1 ? "s" : "", kkv_kernel_name(used));
+        printf("cpu: %s\n", kkv_cpu_name());
         printf("read bandwidth (sum over %d MiB, %d thread%s, best of 10 on 2 MiB and 10 on 4 KiB "
                "pages, interleaved): %.2f GB/s\n", o.bw_mb,
                o.threads, o.threads > 1 ? "s" : "", bw);
@@ -331,6 +332,8 @@ int bench_decode(int argc, char **argv) {
         if (o.json) {
             printf("{\"bench\":\"decode\",\"model\":");
             cli_json_str(stdout, info.name);
+            printf(",\"cpu\":");
+            cli_json_str(stdout, kkv_cpu_name());
             printf(",\"threads\":%d,\"kernel\":", o.threads);
             cli_json_str(stdout, kkv_kernel_name(used));
             printf(",\"n\":%d,\"context\":\"synthetic\",\"bandwidth_gbs\":", N);
