@@ -10,7 +10,7 @@
 #include "kittykv_cpu.h"
 
 /* kkv_cpu_name's line: brand (<= 48 bytes), family and model, feature list */
-static char cpu_line[192];
+static char cpu_line[160];
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
@@ -56,46 +56,46 @@ static void detect(kkv_cpu *cpu) {
         cpu->avxvnni = cpu->avx2 && ((a >> 4) & 1);
     }
 }
-/* "brand (family F, model M" into out [n]: the brand string of leaves
- * 0x80000002-4 without its padding, and the display family and model of
- * leaf 1 (extended fields added as the vendors document them). */
-static void describe(char *out, size_t n) {
+/* This CPU's name into name [nn] (the brand string of leaves 0x80000002-4
+ * without its padding) and "family F, model M" into fm [nf] (the display
+ * family and model of leaf 1, extended fields added as the vendors document
+ * them). */
+static void describe(char *name, size_t nn, char *fm, size_t nf) {
     unsigned int r[12] = {0}, a, b, c, d;
     char brand[49] = "";
     if (__get_cpuid(0x80000000u, &a, &b, &c, &d) && a >= 0x80000004u) {
         for (unsigned int i = 0; i < 3; i++)
             __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
         memcpy(brand, r, 48);
-        brand[48] = 0;
     }
     char *s = brand, *e = brand + strlen(brand);
     while (*s == ' ') s++;
-    while (e > s && (e[-1] == ' ' || e[-1] == 0)) *--e = 0;
-    unsigned int family = 0, model = 0;
-    if (__get_cpuid(1, &a, &b, &c, &d)) {
-        unsigned int base = (a >> 8) & 0xF;
-        family = base == 0xF ? base + ((a >> 20) & 0xFF) : base;
-        model = (a >> 4) & 0xF;
-        if (base == 0x6 || base == 0xF) model |= ((a >> 16) & 0xF) << 4;
-    }
-    snprintf(out, n, "%s (family %u, model %u", *s ? s : "x86-64", family, model);
+    while (e > s && e[-1] == ' ') *--e = 0;
+    snprintf(name, nn, "%s", *s ? s : "x86-64");
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    unsigned int base = (a >> 8) & 0xF, family = base, model = (a >> 4) & 0xF;
+    if (base == 0xF) family += (a >> 20) & 0xFF;
+    if (base == 0x6 || base == 0xF) model |= ((a >> 16) & 0xF) << 4;
+    snprintf(fm, nf, "family %u, model %u", family, model);
 }
 #else
 static void detect(kkv_cpu *cpu) { (void)cpu; }
-static void describe(char *out, size_t n) {
+static void describe(char *name, size_t nn, char *fm, size_t nf) {
+    (void)fm, (void)nf; /* no family and model off x86 */
 #if defined(__aarch64__)
-    snprintf(out, n, "aarch64 (");
+    snprintf(name, nn, "aarch64");
 #else
-    snprintf(out, n, "unknown CPU (");
+    snprintf(name, nn, "unknown CPU");
 #endif
 }
 #endif
 
-/* cpu_line from describe() and the features left after the KKV_CPU cap. */
+/* cpu_line, "name (family F, model M; kernels: ...)", from describe() and
+ * the features left after the KKV_CPU cap. */
 static void name_line(const kkv_cpu *f) {
-    char head[128];
-    describe(head, sizeof head);
-    snprintf(cpu_line, sizeof cpu_line, "%s%skernels: %s%s%s%s)", head, head[strlen(head) - 1] == '(' ? "" : "; ",
+    char name[64], fm[48] = "";
+    describe(name, sizeof name, fm, sizeof fm);
+    snprintf(cpu_line, sizeof cpu_line, "%s (%s%skernels: %s%s%s%s)", name, fm, *fm ? "; " : "",
              f->avx512 ? "avx512" : f->avx2 ? "avx2" : "scalar", f->vnni ? " vnni" : "", f->vbmi ? " vbmi" : "",
              f->avxvnni ? " avx-vnni" : "");
 }
