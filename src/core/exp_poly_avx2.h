@@ -28,4 +28,25 @@ static inline __attribute__((always_inline)) __m256 kkv_exp_poly8(__m256 x) {
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e));
 }
 
+/* kkv_exp_poly8 on four vectors at once, step by step across them: the same
+ * operations per lane (the same bits), but four independent chains in
+ * program order, so a core with a small FP scheduler sees work for its
+ * pipes while each chain waits out its ~60-cycle latency. */
+static inline __attribute__((always_inline)) void kkv_exp_poly8x4(__m256 *x0, __m256 *x1, __m256 *x2, __m256 *x3) {
+    __m256 *xs[4] = {x0, x1, x2, x3};
+    __m256 x[4], n[4], r[4], y[4];
+    for (int i = 0; i < 4; i++) x[i] = _mm256_max_ps(*xs[i], _mm256_set1_ps(KKV_EXP_MIN));
+    for (int i = 0; i < 4; i++)
+        n[i] = _mm256_round_ps(_mm256_mul_ps(x[i], _mm256_set1_ps(KKV_EXP_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    for (int i = 0; i < 4; i++) r[i] = _mm256_fnmadd_ps(n[i], _mm256_set1_ps(KKV_EXP_LN2_HI), x[i]);
+    for (int i = 0; i < 4; i++) r[i] = _mm256_fnmadd_ps(n[i], _mm256_set1_ps(KKV_EXP_LN2_LO), r[i]);
+    for (int i = 0; i < 4; i++) y[i] = _mm256_set1_ps(kkv_exp_taylor[0]);
+    for (int k = 1; k < 7; k++)
+        for (int i = 0; i < 4; i++) y[i] = _mm256_fmadd_ps(y[i], r[i], _mm256_set1_ps(kkv_exp_taylor[k]));
+    for (int i = 0; i < 4; i++)
+        *xs[i] = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y[i]),
+                                                      _mm256_slli_epi32(_mm256_cvtps_epi32(n[i]), 23)));
+}
+
 #endif
