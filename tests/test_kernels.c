@@ -746,6 +746,50 @@ static void test_vnni_exact(const char *name, qk_page_fn qk, pv_page_fn pv, tu_r
 }
 #endif
 
+#if defined(__x86_64__)
+/* The AVX2 8-bit key kernel sums every pair of a pass in one int16 block
+ * when the query's bound sum_j 3 |x_j| + sum_k 12 |x_rank k| is <= 32767,
+ * and in two (channel pairs, then high ranks) otherwise. Pages where every
+ * code is 0 or its largest value and queries where every |x| is 127 (each
+ * channel's q times its scale the same) put the int16 sums at that bound:
+ * D 64 with 5 boosted channels just under it (one block, sums up to 32004),
+ * with 8 over it (two blocks), D 256 over it too, D 12 (a partial chunk)
+ * under it; all heads positive
+ * (sums at the bound) and alternating signs. Scores within the derived
+ * bound of the scalar reference either way. */
+static void test_byte_blocks(tu_rng *r) {
+    /* D, G, heads, n_boost, one block */
+    static const int shapes[][5] = {{64, 128, 3, 5, 1}, {64, 128, 3, 8, 0}, {256, 128, 4, 32, 0}, {12, 20, 2, 3, 1}};
+    cmp_stats st = {0};
+    int n_cmp = 0;
+    for (int si = 0; si < NELEM(shapes) && !tu_failed(); si++) {
+        int D = shapes[si][0], G = shapes[si][1], R = shapes[si][2], nb = shapes[si][3];
+        int one_block = 127 * (3 * D + 12 * nb) <= 32767;
+        CHECK(one_block == shapes[si][4], "byte blocks D=%d nb=%d: not the block count this case is for", D, nb);
+        float *x = xmalloc((size_t)G * D * 4), *kd = xmalloc((size_t)G * D * 4), *q = xmalloc((size_t)R * D * 4);
+        float *s0 = xmalloc((size_t)R * G * 4), *s1 = xmalloc((size_t)R * G * 4);
+        uint8_t *page = xmalloc(kkv_key_page_bytes(D, G, nb));
+        for (int t = 0; t < G; t++) /* every channel -1 / +1: codes 0 or maxq, one range */
+            for (int j = 0; j < D; j++) x[(size_t)t * D + j] = (t + (t % 3 == 0) * j) % 2 ? 1.0f : -1.0f;
+        kkv_key_page_encode(page, x, D, G, nb, KKV_SELECT_MAGNITUDE, 0, 0, NULL);
+        kkv_key_page_decode(kd, page, D, G, nb);
+        kkv_key_layout L = kkv_key_layout_of(D, G, nb);
+        for (int sign = 0; sign < 2; sign++) {
+            for (int h = 0; h < R; h++)
+                for (int j = 0; j < D; j++) /* q scale the same on every channel: 4-bit scales are 1/5 */
+                    q[(size_t)h * D + j] = (page[L.idx + j] < nb ? 5.0f : 1.0f) * (sign && j % 2 ? -1.0f : 1.0f);
+            int bad = check_qk_page(kkv_avx2_qk_byte, 4, q, R, page, kd, D, G, nb, s0, s1, &st);
+            CHECK(!bad, "avx2 byte qk_page D=%d nb=%d (%s), %s signs: %d scores off", D, nb,
+                  one_block ? "one block" : "two blocks", sign ? "alternating" : "equal", bad);
+            n_cmp++;
+        }
+        free(x), free(kd), free(q), free(s0), free(s1), free(page);
+    }
+    (void)r;
+    printf("kernel avx2 byte qk_page: %d pages at the int16 block bound within the derived bound\n", n_cmp);
+}
+#endif
+
 /* Inputs the integer path cannot represent (an infinite query, a negative,
  * NaN or infinite probability) take exactly the float kernels' result, and
  * nothing of the integer pass is left in acc: the shapes with their own
@@ -1325,6 +1369,7 @@ int main(int argc, char **argv) {
         test_fallback_exact("avx2-int", kkv_avx2i_qk_page, kkv_avx2i_pv_page, &rf);
         test_fallback_exact("avx2-wide", kkv_avx2_qk_wide, kkv_avx2i_pv_page, &rf);
         test_fallback_exact("avx2-byte", kkv_avx2_qk_byte, kkv_avx2i_pv_page, &rf);
+        test_byte_blocks(&rf);
         test_qk_page("avx2-wide", kkv_avx2_qk_wide, 3, &r, &st); /* every n_boost; the table sends it n_boost > D / 2 */
     }
     if (cpu->avx2) {

@@ -16,8 +16,10 @@
  * pair's sum is at most 2 * 3 * 127 = 762 and 32 pairs (64 channels) stay
  * exact in int16 (<= 24384); each block of 32 pairs is then widened to
  * int32. A boosted channel's high plane (the code's bits 2-3, rows ranked
- * by idx) is summed the same way and shifted left by 2 when widened. So the
- * integer sums are exact: the only rounding is the query's.
+ * by idx) is summed the same way and shifted left by 2 when widened; or,
+ * when the query's own bound allows (byte_rows_fused), as 4 * code in the
+ * same int16 block as the low planes. So the integer sums are exact: the
+ * only rounding is the query's.
  *
  * Error (the tests' bound, the 16-bit kernel's with another step):
  *   |s_t - exact| <= d/2 * sum_j |c_tj - maxq_j/2| (+ float rounding),
@@ -34,6 +36,7 @@
  * bit-identical for any thread count. */
 #include <immintrin.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/attn_simd.h"
@@ -105,6 +108,59 @@ AI void byte_rows(int32_t (*a32)[4][16], const uint8_t *rows, size_t rowb, int n
     } while (p0 < np);
 }
 
+/* byte_rows for every pair of a pass in one int16 block: the D / 2 channel
+ * pairs, then the high plane's rank pairs with their codes taken as 4 * c
+ * ((V >> (2k - 2)) & 12: the same operation count as c itself), so they add
+ * into the same sums. Used when the query's own bound says one block cannot
+ * overflow (qk_byte8: sum_j 3 |x_j| + sum_k 12 |x_rank k| <= 32767, nearly
+ * every real page); it saves the high plane's separate block and its 12
+ * widenings a pass (a kitty page, 3 heads, on a family-23 EPYC: qk_page
+ * 1,267-1,332 -> 1,178-1,196 ns hot, alternated builds). The integer sums are
+ * exact either way, so the scores are the two-block path's bits. */
+AI void byte_rows_fused(int32_t (*a32)[4][16], const uint8_t *lo, const uint8_t *hi, size_t rowb, int D,
+                        int nb, const int32_t *wv, size_t ldw, size_t c, int nbytes, int u, int k0, int RB) {
+    __m256i m3 = _mm256_set1_epi8(3), m12 = _mm256_set1_epi8(12);
+    __m256i b00 = _mm256_setzero_si256(), b01 = b00, b10 = b00, b11 = b00, b20 = b00, b21 = b00;
+#define BYTE_ROWS_STEP(X0, X1, wp)                                                   \
+    do {                                                                            \
+        __m256i w0 = _mm256_set1_epi32(ld32(wp));                                   \
+        add16_into(&b00, _mm256_maddubs_epi16(X0, w0));                             \
+        add16_into(&b01, _mm256_maddubs_epi16(X1, w0));                             \
+        if (RB > 1) {                                                               \
+            __m256i w1 = _mm256_set1_epi32(ld32((wp) + ldw));                       \
+            add16_into(&b10, _mm256_maddubs_epi16(X0, w1));                         \
+            add16_into(&b11, _mm256_maddubs_epi16(X1, w1));                         \
+        }                                                                           \
+        if (RB > 2) {                                                               \
+            __m256i w2 = _mm256_set1_epi32(ld32((wp) + 2 * ldw));                   \
+            add16_into(&b20, _mm256_maddubs_epi16(X0, w2));                         \
+            add16_into(&b21, _mm256_maddubs_epi16(X1, w2));                         \
+        }                                                                           \
+    } while (0)
+    for (int p = 0; p < D / 2; p++) {
+        const uint8_t *ra = lo + (size_t)(2 * p) * rowb;
+        __m256i x0 = row32(ra, c, nbytes), x1 = row32(ra + rowb, c, nbytes);
+        __m256i V = u ? _mm256_unpackhi_epi8(x0, x1) : _mm256_unpacklo_epi8(x0, x1);
+        __m256i X0 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0) : V, m3);
+        __m256i X1 = _mm256_and_si256(_mm256_srli_epi16(V, 2 * k0 + 2), m3);
+        BYTE_ROWS_STEP(X0, X1, wv + p);
+    }
+    for (int p = 0; 2 * p < nb; p++) { /* an odd nb's last rank alone, its partner row 0 */
+        const uint8_t *ra = hi + (size_t)(2 * p) * rowb;
+        __m256i x0 = row32(ra, c, nbytes);
+        __m256i x1 = 2 * p + 1 < nb ? row32(ra + rowb, c, nbytes) : _mm256_setzero_si256();
+        __m256i V = u ? _mm256_unpackhi_epi8(x0, x1) : _mm256_unpacklo_epi8(x0, x1);
+        /* 4 * phase k = (V >> (2k - 2)) & 12; bits that cross a byte edge land outside the mask */
+        __m256i X0 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0 - 2) : _mm256_slli_epi16(V, 2), m12);
+        __m256i X1 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0) : V, m12);
+        BYTE_ROWS_STEP(X0, X1, wv + D / 2 + p);
+    }
+#undef BYTE_ROWS_STEP
+    widen_add(a32[0][k0], b00, 0, 1), widen_add(a32[0][k0 + 1], b01, 0, 1);
+    if (RB > 1) widen_add(a32[1][k0], b10, 0, 1), widen_add(a32[1][k0 + 1], b11, 0, 1);
+    if (RB > 2) widen_add(a32[2][k0], b20, 0, 1), widen_add(a32[2][k0 + 1], b21, 0, 1);
+}
+
 /* Tokens 4i .. 4i + 31 of 8 row bytes i from their phases' scores P0..P3
  * (token 4i + k: lane i of Pk): a 4 x 8 transpose, stored to out, the first
  * n of them. */
@@ -127,7 +183,11 @@ AI void phases_to_tokens(float *out, __m256 P0, __m256 P1, __m256 P2, __m256 P3,
 /* Half u, phases k0 and k0 + 1 of one chunk for RB heads: their integer
  * sums into a32 [head][phase][lanes: bytes 8u..8u+7, 16+8u..16+8u+7]. */
 AI void byte_pass(int32_t (*a32)[4][16], const int32_t *wv, size_t ldw, const uint8_t *lo, const uint8_t *hi,
-                  size_t rowb, int D, int nb, size_t c, int nbytes, int u, int k0, int RB) {
+                  size_t rowb, int D, int nb, size_t c, int nbytes, int u, int k0, int fused, int RB) {
+    if (fused) {
+        byte_rows_fused(a32, lo, hi, rowb, D, nb, wv, ldw, c, nbytes, u, k0, RB);
+        return;
+    }
     byte_rows(a32, lo, rowb, D / 2, 0, wv, ldw, c, nbytes, u, k0, 0, 1, RB); /* D >= 4: sets a32 */
     /* an odd nb's last row as a pair of its own: a test for it inside the
      * loop made GCC keep four of the accumulators on the stack */
@@ -142,17 +202,17 @@ AI void byte_pass(int32_t (*a32)[4][16], const int32_t *wv, size_t ldw, const ui
  * operations a page). lo: [D][rowb] rows, hi: [nb][rowb]; wv: [RB][ldw]
  * pair weights (the D / 2 channel pairs, then the high ranks' pairs). */
 AI void byte_chunk(float *s, int G, const int32_t *wv, size_t ldw, const float *d, const float *cst,
-                   const uint8_t *lo, const uint8_t *hi, int D, int nb, size_t c, int nbytes, int RB) {
+                   const uint8_t *lo, const uint8_t *hi, int D, int nb, size_t c, int nbytes, int fused, int RB) {
     size_t rowb = (size_t)G / 4;
     int ntok = 4 * nbytes;
     for (int u = 0; u < 2 && 8 * u < nbytes; u++) {
         _Alignas(32) int32_t a32[RBB][4][16]; /* [head][phase][lanes: bytes 8u..8u+7, 16+8u..16+8u+7] */
-        byte_pass(a32, wv, ldw, lo, hi, rowb, D, nb, c, nbytes, u, 0, RB);
+        byte_pass(a32, wv, ldw, lo, hi, rowb, D, nb, c, nbytes, u, 0, fused, RB);
         /* phases 0-1 to memory now: GCC kept some in registers through the
          * next pass, whose loop then copied two accumulators in and out of
          * the registers it had left (29 instructions a pair, not 24) */
         __asm__ volatile("" : : "r"(a32) : "memory");
-        byte_pass(a32, wv, ldw, lo, hi, rowb, D, nb, c, nbytes, u, 2, RB);
+        byte_pass(a32, wv, ldw, lo, hi, rowb, D, nb, c, nbytes, u, 2, fused, RB);
         for (int r = 0; r < RB; r++) {
             __m256 vd = _mm256_set1_ps(d[r]), vc = _mm256_set1_ps(cst[r]);
             for (int h = 0; h < 2; h++) {
@@ -191,12 +251,21 @@ AI void qk_byte8(float *s, const float *q, int n_rep, const uint8_t *page, int D
                 _mm_storeu_si128((__m128i *)(void *)(wv[r] + p + 4), _mm_unpackhi_epi16(b, b));
             }
         }
+        /* one int16 block per pass when no partial sum can pass 32767:
+         * codes <= 3 on the D channels, 4 * code <= 12 on the high ranks */
+        int fused = 1;
+        for (int r = 0; r < rb; r++) {
+            int32_t bound = 0;
+            for (int j = 0; j < D; j++) bound += 3 * abs(x[r][j]);
+            for (int k = 0; k < nb; k++) bound += 12 * abs(x[r][D + k]);
+            fused &= bound <= 32767;
+        }
         float *sr = s + (size_t)r0 * G;
         for (size_t c = 0; c < rowb; c += 32) {
             int nbytes = rowb - c < 32 ? (int)(rowb - c) : 32;
-            if (rb == 3) byte_chunk(sr, G, wv[0], LDW, d, cst, P.lo, P.hi, D, nb, c, nbytes, 3);
-            else if (rb == 2) byte_chunk(sr, G, wv[0], LDW, d, cst, P.lo, P.hi, D, nb, c, nbytes, 2);
-            else byte_chunk(sr, G, wv[0], LDW, d, cst, P.lo, P.hi, D, nb, c, nbytes, 1);
+            if (rb == 3) byte_chunk(sr, G, wv[0], LDW, d, cst, P.lo, P.hi, D, nb, c, nbytes, fused, 3);
+            else if (rb == 2) byte_chunk(sr, G, wv[0], LDW, d, cst, P.lo, P.hi, D, nb, c, nbytes, fused, 2);
+            else byte_chunk(sr, G, wv[0], LDW, d, cst, P.lo, P.hi, D, nb, c, nbytes, fused, 1);
         }
     }
 }
