@@ -896,11 +896,13 @@ AI int fold_probs(uint8_t *wq, size_t ldw, float *e, float *mt, const float *p, 
             __m256 wv8 = load_n(w[r] + t, nl);
             __m256i x = _mm256_cvtps_epi32(_mm256_mul_ps(wv8, inv[r])); /* 0..255 */
             corr[r] = _mm256_add_ps(corr[r], _mm256_fnmadd_ps(ve[r], _mm256_cvtepi32_ps(x), wv8));
-            __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(x, x), _mm256_setzero_si256());
-            uint32_t lo = (uint32_t)_mm256_cvtsi256_si32(b), hi = (uint32_t)_mm256_extract_epi32(b, 4);
+            /* 8 bytes in token order through 128-bit packs, stored from the
+             * vector register (not two dwords through general registers) */
+            __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+            __m128i b = _mm_packus_epi16(w16, w16);
             uint8_t *dst = wq + (size_t)r * ldw + t;
-            memcpy(dst, &lo, 4);
-            if (n - t >= 8) memcpy(dst + 4, &hi, 4);
+            if (n - t >= 8) _mm_storel_epi64((__m128i *)(void *)dst, b);
+            else _mm_storeu_si32(dst, b);
         }
     }
     for (int r = 0; r < RB; r++) {
