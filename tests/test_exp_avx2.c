@@ -1,6 +1,7 @@
 /* kkv_exp_poly8 (core/exp_poly_avx2.h), the softmax's and the activations'
- * 8-lane exponential, against the scalar kkv_exp_poly, bit for bit, over its
- * whole domain x <= 88: -inf and the clamped range, every float near the
+ * 8-lane exponential, and kkv_exp_poly8x4 (four vectors at once, the AVX2
+ * softmax's) against the scalar kkv_exp_poly, bit for bit, over its whole
+ * domain x <= 88: -inf and the clamped range, every float near the
  * clamp (where n = -126 and the result's exponent field is smallest) and
  * near 88 (n = 127, the largest), and a strided walk over every other float
  * in between, both signs. The 8-lane form builds y 2^n by adding n to y's
@@ -34,19 +35,30 @@ static float float_of(uint32_t u) {
     return x;
 }
 
-/* Mismatches of the 8-lane form over xs [8]; the first is reported. */
+/* Mismatches of the 8-lane form over xs [8], and of the four-vector form
+ * (kkv_exp_poly8x4, the AVX2 softmax's) with xs in each of its four
+ * positions beside other arguments; the first is reported. */
 static int compare8(const float *xs, int *reported) {
-    float v[8];
-    _mm256_storeu_ps(v, kkv_exp_poly8(_mm256_loadu_ps(xs)));
+    float v[5][8];
+    __m256 x = _mm256_loadu_ps(xs), r = _mm256_permute_ps(x, 0x1B); /* lanes reversed in each half */
+    __m256 q[4] = {x, r, x, r};
+    _mm256_storeu_ps(v[0], kkv_exp_poly8(x));
+    kkv_exp_poly8x4(&q[0], &q[1], &q[2], &q[3]);
+    _mm256_storeu_ps(v[1], q[0]), _mm256_storeu_ps(v[3], q[2]);
+    q[0] = r, q[1] = x, q[2] = r, q[3] = x;
+    kkv_exp_poly8x4(&q[0], &q[1], &q[2], &q[3]);
+    _mm256_storeu_ps(v[2], q[1]), _mm256_storeu_ps(v[4], q[3]);
     int bad = 0;
     for (int i = 0; i < 8; i++) {
         float s = kkv_exp_poly(xs[i]);
-        if (bits_of(s) != bits_of(v[i])) {
-            if (!(*reported)++)
-                fprintf(stderr, "  exp(%.9g): 8 lanes %.9g (0x%08x), scalar %.9g (0x%08x)\n", (double)xs[i],
-                        (double)v[i], (unsigned)bits_of(v[i]), (double)s, (unsigned)bits_of(s));
-            bad++;
-        }
+        for (int f = 0; f < 5; f++)
+            if (bits_of(s) != bits_of(v[f][i])) {
+                if (!(*reported)++)
+                    fprintf(stderr, "  exp(%.9g): %s %.9g (0x%08x), scalar %.9g (0x%08x)\n", (double)xs[i],
+                            f ? "four-vector form" : "8 lanes", (double)v[f][i], (unsigned)bits_of(v[f][i]),
+                            (double)s, (unsigned)bits_of(s));
+                bad++;
+            }
     }
     return bad;
 }
@@ -85,8 +97,8 @@ int main(void) {
     /* the rest, both signs, every 11th float (tiny magnitudes included) */
     bad += sweep(0.0f, 88.0f, 11, &count, &reported);
     bad += sweep(-0.0f, -87.4f, 11, &count, &reported);
-    CHECK(bad == 0, "kkv_exp_poly8 differs from kkv_exp_poly on %ld of %ld arguments", bad, count);
-    printf("exp: %ld arguments, %ld differ\n", count, bad);
+    CHECK(bad == 0, "kkv_exp_poly8 or kkv_exp_poly8x4 differs from kkv_exp_poly: %ld lane results of %ld arguments (first above)", bad, count);
+    printf("exp: %ld arguments, 5 results each (8 lanes, four-vector form x4), %ld differ\n", count, bad);
     return tu_summary();
 }
 #else

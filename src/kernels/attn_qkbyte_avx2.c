@@ -60,6 +60,56 @@ AI void widen_add(int32_t *a, __m256i b, int sh, int set) {
     _mm256_store_si256(d1, hi);
 }
 
+/* The codes of phases k0 and k0 + 1 of a row pair for half u of a chunk:
+ * rows ra and ra + rowb byte-interleaved (the second 0 where !two), then
+ * (V >> 2k) & 3; x4: 4 * code, (V >> (2k - 2)) & 12, for the high plane's
+ * ranks (the same operation count; bits that cross a byte edge land outside
+ * the mask). */
+AI void pair_codes(__m256i *X0, __m256i *X1, const uint8_t *ra, size_t rowb, int two, size_t c, int nbytes,
+                   int u, int k0, int x4) {
+    __m256i x0 = row32(ra, c, nbytes);
+    __m256i x1 = two ? row32(ra + rowb, c, nbytes) : _mm256_setzero_si256();
+    __m256i V = u ? _mm256_unpackhi_epi8(x0, x1) : _mm256_unpacklo_epi8(x0, x1);
+    if (x4) {
+        __m256i m12 = _mm256_set1_epi8(12);
+        *X0 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0 - 2) : _mm256_slli_epi16(V, 2), m12);
+        *X1 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0) : V, m12);
+    } else {
+        __m256i m3 = _mm256_set1_epi8(3);
+        *X0 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0) : V, m3);
+        *X1 = _mm256_and_si256(_mm256_srli_epi16(V, 2 * k0 + 2), m3);
+    }
+}
+
+/* One channel-row pair of a key pass: the codes of its two phases, X0 and
+ * X1, times the pair's weights at wp (head r at wp + r ldw) into the int16
+ * sums b00..b21 of the enclosing function, for RB heads. Macros rather than
+ * functions so the six sums stay named registers, as the loops need. */
+#define BYTE_ROWS_STEP(X0, X1, wp)                                     \
+    do {                                                              \
+        __m256i w0 = _mm256_set1_epi32(ld32(wp));                     \
+        add16_into(&b00, _mm256_maddubs_epi16(X0, w0));               \
+        add16_into(&b01, _mm256_maddubs_epi16(X1, w0));               \
+        if (RB > 1) {                                                 \
+            __m256i w1 = _mm256_set1_epi32(ld32((wp) + ldw));         \
+            add16_into(&b10, _mm256_maddubs_epi16(X0, w1));           \
+            add16_into(&b11, _mm256_maddubs_epi16(X1, w1));           \
+        }                                                             \
+        if (RB > 2) {                                                 \
+            __m256i w2 = _mm256_set1_epi32(ld32((wp) + 2 * ldw));     \
+            add16_into(&b20, _mm256_maddubs_epi16(X0, w2));           \
+            add16_into(&b21, _mm256_maddubs_epi16(X1, w2));           \
+        }                                                             \
+    } while (0)
+/* The six sums of a block widened into a32 [head][phase k0, k0 + 1],
+ * shifted left by sh, stored (set) or added. */
+#define BYTE_ROWS_WIDEN(sh, set)                                                                  \
+    do {                                                                                         \
+        widen_add(a32[0][k0], b00, sh, set), widen_add(a32[0][k0 + 1], b01, sh, set);             \
+        if (RB > 1) widen_add(a32[1][k0], b10, sh, set), widen_add(a32[1][k0 + 1], b11, sh, set); \
+        if (RB > 2) widen_add(a32[2][k0], b20, sh, set), widen_add(a32[2][k0 + 1], b21, sh, set); \
+    } while (0)
+
 /* Phases k0 and k0 + 1 of pairs [0, np) (np >= 1) of rows (pair p: rows 2p and
  * 2p + 1, rowb apart; `odd`: one row alone, its pair's second row 0) for half u of
  * a 32-byte chunk (u 0: row bytes 0-7 | 16-23, u 1: 8-15 | 24-31) and RB
@@ -74,44 +124,23 @@ AI void widen_add(int32_t *a, __m256i b, int sh, int set) {
 AI void byte_rows(int32_t (*a32)[4][16], const uint8_t *rows, size_t rowb, int np, int odd,
                   const int32_t *wv, size_t ldw, size_t c, int nbytes, int u, int k0, int sh, int first,
                   int RB) {
-    __m256i m3 = _mm256_set1_epi8(3);
     int p0 = 0;
     do { /* np >= 1: at least one block, so a first call always sets a32 */
         int p1 = np - p0 < BLK ? np : p0 + BLK;
         __m256i b00 = _mm256_setzero_si256(), b01 = b00, b10 = b00, b11 = b00, b20 = b00, b21 = b00;
         for (int p = p0; p < p1; p++) {
-            const uint8_t *ra = rows + (size_t)(2 * p) * rowb;
-            __m256i x0 = row32(ra, c, nbytes);
-            __m256i x1 = odd ? _mm256_setzero_si256() : row32(ra + rowb, c, nbytes);
-            __m256i V = u ? _mm256_unpackhi_epi8(x0, x1) : _mm256_unpacklo_epi8(x0, x1);
-            __m256i X0 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0) : V, m3);
-            __m256i X1 = _mm256_and_si256(_mm256_srli_epi16(V, 2 * k0 + 2), m3);
-            __m256i w0 = _mm256_set1_epi32(ld32(wv + p));
-            add16_into(&b00, _mm256_maddubs_epi16(X0, w0));
-            add16_into(&b01, _mm256_maddubs_epi16(X1, w0));
-            if (RB > 1) {
-                __m256i w1 = _mm256_set1_epi32(ld32(wv + ldw + p));
-                add16_into(&b10, _mm256_maddubs_epi16(X0, w1));
-                add16_into(&b11, _mm256_maddubs_epi16(X1, w1));
-            }
-            if (RB > 2) {
-                __m256i w2 = _mm256_set1_epi32(ld32(wv + 2 * ldw + p));
-                add16_into(&b20, _mm256_maddubs_epi16(X0, w2));
-                add16_into(&b21, _mm256_maddubs_epi16(X1, w2));
-            }
+            __m256i X0, X1;
+            pair_codes(&X0, &X1, rows + (size_t)(2 * p) * rowb, rowb, !odd, c, nbytes, u, k0, 0);
+            BYTE_ROWS_STEP(X0, X1, wv + p);
         }
-        int set = first && p0 == 0;
-        widen_add(a32[0][k0], b00, sh, set), widen_add(a32[0][k0 + 1], b01, sh, set);
-        if (RB > 1) widen_add(a32[1][k0], b10, sh, set), widen_add(a32[1][k0 + 1], b11, sh, set);
-        if (RB > 2) widen_add(a32[2][k0], b20, sh, set), widen_add(a32[2][k0 + 1], b21, sh, set);
+        BYTE_ROWS_WIDEN(sh, first && p0 == 0);
         p0 = p1;
     } while (p0 < np);
 }
 
 /* byte_rows for every pair of a pass in one int16 block: the D / 2 channel
  * pairs, then the high plane's rank pairs with their codes taken as 4 * c
- * ((V >> (2k - 2)) & 12: the same operation count as c itself), so they add
- * into the same sums. Used when the query's own bound says one block cannot
+ * (pair_codes' x4), so they add into the same sums. Used when the query's own bound says one block cannot
  * overflow (qk_byte8: sum_j 3 |x_j| + sum_k 12 |x_rank k| <= 32767, nearly
  * every real page); it saves the high plane's separate block and its 12
  * widenings a pass (a kitty page, 3 heads, on a family-23 EPYC: qk_page
@@ -119,47 +148,20 @@ AI void byte_rows(int32_t (*a32)[4][16], const uint8_t *rows, size_t rowb, int n
  * exact either way, so the scores are the two-block path's bits. */
 AI void byte_rows_fused(int32_t (*a32)[4][16], const uint8_t *lo, const uint8_t *hi, size_t rowb, int D,
                         int nb, const int32_t *wv, size_t ldw, size_t c, int nbytes, int u, int k0, int RB) {
-    __m256i m3 = _mm256_set1_epi8(3), m12 = _mm256_set1_epi8(12);
     __m256i b00 = _mm256_setzero_si256(), b01 = b00, b10 = b00, b11 = b00, b20 = b00, b21 = b00;
-#define BYTE_ROWS_STEP(X0, X1, wp)                                                   \
-    do {                                                                            \
-        __m256i w0 = _mm256_set1_epi32(ld32(wp));                                   \
-        add16_into(&b00, _mm256_maddubs_epi16(X0, w0));                             \
-        add16_into(&b01, _mm256_maddubs_epi16(X1, w0));                             \
-        if (RB > 1) {                                                               \
-            __m256i w1 = _mm256_set1_epi32(ld32((wp) + ldw));                       \
-            add16_into(&b10, _mm256_maddubs_epi16(X0, w1));                         \
-            add16_into(&b11, _mm256_maddubs_epi16(X1, w1));                         \
-        }                                                                           \
-        if (RB > 2) {                                                               \
-            __m256i w2 = _mm256_set1_epi32(ld32((wp) + 2 * ldw));                   \
-            add16_into(&b20, _mm256_maddubs_epi16(X0, w2));                         \
-            add16_into(&b21, _mm256_maddubs_epi16(X1, w2));                         \
-        }                                                                           \
-    } while (0)
+    __m256i X0, X1;
     for (int p = 0; p < D / 2; p++) {
-        const uint8_t *ra = lo + (size_t)(2 * p) * rowb;
-        __m256i x0 = row32(ra, c, nbytes), x1 = row32(ra + rowb, c, nbytes);
-        __m256i V = u ? _mm256_unpackhi_epi8(x0, x1) : _mm256_unpacklo_epi8(x0, x1);
-        __m256i X0 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0) : V, m3);
-        __m256i X1 = _mm256_and_si256(_mm256_srli_epi16(V, 2 * k0 + 2), m3);
+        pair_codes(&X0, &X1, lo + (size_t)(2 * p) * rowb, rowb, 1, c, nbytes, u, k0, 0);
         BYTE_ROWS_STEP(X0, X1, wv + p);
     }
     for (int p = 0; 2 * p < nb; p++) { /* an odd nb's last rank alone, its partner row 0 */
-        const uint8_t *ra = hi + (size_t)(2 * p) * rowb;
-        __m256i x0 = row32(ra, c, nbytes);
-        __m256i x1 = 2 * p + 1 < nb ? row32(ra + rowb, c, nbytes) : _mm256_setzero_si256();
-        __m256i V = u ? _mm256_unpackhi_epi8(x0, x1) : _mm256_unpacklo_epi8(x0, x1);
-        /* 4 * phase k = (V >> (2k - 2)) & 12; bits that cross a byte edge land outside the mask */
-        __m256i X0 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0 - 2) : _mm256_slli_epi16(V, 2), m12);
-        __m256i X1 = _mm256_and_si256(k0 ? _mm256_srli_epi16(V, 2 * k0) : V, m12);
+        pair_codes(&X0, &X1, hi + (size_t)(2 * p) * rowb, rowb, 2 * p + 1 < nb, c, nbytes, u, k0, 1);
         BYTE_ROWS_STEP(X0, X1, wv + D / 2 + p);
     }
-#undef BYTE_ROWS_STEP
-    widen_add(a32[0][k0], b00, 0, 1), widen_add(a32[0][k0 + 1], b01, 0, 1);
-    if (RB > 1) widen_add(a32[1][k0], b10, 0, 1), widen_add(a32[1][k0 + 1], b11, 0, 1);
-    if (RB > 2) widen_add(a32[2][k0], b20, 0, 1), widen_add(a32[2][k0 + 1], b21, 0, 1);
+    BYTE_ROWS_WIDEN(0, 1);
 }
+#undef BYTE_ROWS_STEP
+#undef BYTE_ROWS_WIDEN
 
 /* Tokens 4i .. 4i + 31 of 8 row bytes i from their phases' scores P0..P3
  * (token 4i + k: lane i of Pk): a 4 x 8 transpose, stored to out, the first
