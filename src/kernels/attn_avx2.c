@@ -441,21 +441,60 @@ void kkv_avx2_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page
 
 /* ---------------------------------------------------------------- online softmax */
 
+/* One head's s [n] = e^(s inv - mx), returning their sum: 32 scores a
+ * step, four vectors' exponentials side by side (kkv_exp_soft8x4); the
+ * last 1..31 through a zero-padded copy with the pad lanes masked off, so
+ * that its vectors join the same chains (adding +0 changes no sum).
+ * Vector t / 8 goes into chain (t / 8) % 2, two named registers: a chain
+ * picked by index kept both on the stack, and each add waited for the
+ * store of the one before it (~2.5x slower on a Zen 3). */
+static float exp_scores(float *s, int n, __m256 vinv, float mx) {
+    __m256 vmx = _mm256_set1_ps(mx), vs0 = _mm256_setzero_ps(), vs1 = _mm256_setzero_ps();
+    for (int t = 0; t < n; t += 32) {
+        _Alignas(32) float tmp[32];
+        int k = n - t;
+        float *p = s + t;
+        if (k < 32) {
+            memset(tmp, 0, sizeof tmp);
+            memcpy(tmp, p, (size_t)k * sizeof(float));
+            p = tmp;
+        }
+        __m256 e[4];
+        for (int i = 0; i < 4; i++) e[i] = _mm256_fmsub_ps(_mm256_loadu_ps(p + 8 * i), vinv, vmx);
+        kkv_exp_soft8x4(e);
+        if (k < 32)
+            for (int i = 0; i < 4; i++) e[i] = _mm256_and_ps(e[i], _mm256_castsi256_ps(lanes(k - 8 * i)));
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(p + 8 * i, e[i]);
+        if (k < 32) memcpy(s + t, tmp, (size_t)k * sizeof(float));
+        vs0 = _mm256_add_ps(vs0, e[0]);
+        vs1 = _mm256_add_ps(vs1, e[1]);
+        vs0 = _mm256_add_ps(vs0, e[2]);
+        vs1 = _mm256_add_ps(vs1, e[3]);
+    }
+    return hsum(_mm256_add_ps(vs0, vs1));
+}
+
 /* The scaling by inv (> 0) is fused into the exponent's argument,
  * x = fmsub(s, inv, m): the first pass only finds the raw maximum, and
  * round(max s * inv) = max round(s * inv) since rounding is monotone, so the
  * running max is the unfused form's. The sum runs as two chains, even and
  * odd vectors (the AVX-512 kernel's low and high halves), which halves its
- * latency. With exp_neg's degree-6 polynomial (was 7) the AVX-512 softmax of
+ * latency. With the exponential's degree-6 polynomial (was 7; now kkv_exp_soft's degree 5) the AVX-512 softmax of
  * a 128-token block for 3 heads went from ~105 to ~88 ns (Zen 5). The fused
  * argument is also the more accurate one: s * inv - m rounded once, where the
  * unfused form lost up to ulp(s * inv) / 2 to cancellation. The rescale of
  * acc, skipped when the max held, is softmax_close (avx2_util.h).
- * Four vectors' exponentials go step by step side by side (kkv_exp_poly8x4,
+ * Four vectors' exponentials go step by step side by side (kkv_exp_soft8x4,
  * the same bits): on a family-23 EPYC (one 256-bit FMA a cycle) the softmax
  * of 128 tokens for 3 heads went from 511-547 to 437-480 ns hot
  * (test_kernels --bench-pages, alternated builds), where two vectors a
- * step left the FMA pipes waiting on each exponential's ~60-cycle chain. */
+ * step left the FMA pipes waiting on each exponential's ~60-cycle chain.
+ * The exponential is kkv_exp_soft (core/exp_poly.h), two operations a
+ * vector fewer than the activations' kkv_exp_poly at the same accuracy:
+ * on the same EPYC the softmax of 3 heads x 128 tokens went from ~340 to
+ * ~300 ns as a loop in a harness, but only 3-5% in the library, where the
+ * same loop's speed moved by +-10% with where the code landed (builds that
+ * differed elsewhere). */
 void kkv_avx2_softmax(float *sc, float *ml, float *acc, int n_rep, int n, int D, float inv) {
     __m256 vinv = _mm256_set1_ps(inv);
     for (int r = 0; r < n_rep; r++) {
@@ -468,51 +507,7 @@ void kkv_avx2_softmax(float *sc, float *ml, float *acc, int n_rep, int n, int D,
         for (; t < n; t++) raw = s[t] > raw ? s[t] : raw;
         float mx = raw * inv;
         mx = m_old > mx ? m_old : mx;
-        /* vector t / 8 goes into chain (t / 8) % 2, two named registers: a
-         * chain picked by index kept both on the stack, and each add waited
-         * for the store of the one before it (~2.5x slower on a Zen 3) */
-        __m256 vmx = _mm256_set1_ps(mx), vs0 = _mm256_setzero_ps(), vs1 = _mm256_setzero_ps();
-        for (t = 0; t + 32 <= n; t += 32) {
-            __m256 e0 = _mm256_fmsub_ps(_mm256_loadu_ps(s + t), vinv, vmx);
-            __m256 e1 = _mm256_fmsub_ps(_mm256_loadu_ps(s + t + 8), vinv, vmx);
-            __m256 e2 = _mm256_fmsub_ps(_mm256_loadu_ps(s + t + 16), vinv, vmx);
-            __m256 e3 = _mm256_fmsub_ps(_mm256_loadu_ps(s + t + 24), vinv, vmx);
-            kkv_exp_poly8x4(&e0, &e1, &e2, &e3);
-            _mm256_storeu_ps(s + t, e0);
-            _mm256_storeu_ps(s + t + 8, e1);
-            _mm256_storeu_ps(s + t + 16, e2);
-            _mm256_storeu_ps(s + t + 24, e3);
-            vs0 = _mm256_add_ps(vs0, e0);
-            vs1 = _mm256_add_ps(vs1, e1);
-            vs0 = _mm256_add_ps(vs0, e2);
-            vs1 = _mm256_add_ps(vs1, e3);
-        }
-        for (; t + 16 <= n; t += 16) {
-            __m256 e0 = exp_neg(_mm256_fmsub_ps(_mm256_loadu_ps(s + t), vinv, vmx));
-            __m256 e1 = exp_neg(_mm256_fmsub_ps(_mm256_loadu_ps(s + t + 8), vinv, vmx));
-            _mm256_storeu_ps(s + t, e0);
-            _mm256_storeu_ps(s + t + 8, e1);
-            vs0 = _mm256_add_ps(vs0, e0);
-            vs1 = _mm256_add_ps(vs1, e1);
-        }
-        if (t + 8 <= n) { /* an odd vector: chain 0 */
-            __m256 e = exp_neg(_mm256_fmsub_ps(_mm256_loadu_ps(s + t), vinv, vmx));
-            _mm256_storeu_ps(s + t, e);
-            vs0 = _mm256_add_ps(vs0, e);
-            t += 8;
-        }
-        if (t < n) { /* 1..7 left: through a padded vector, pad lanes masked off */
-            float tmp[8] = {0};
-            int k = n - t;
-            memcpy(tmp, s + t, (size_t)k * sizeof(float));
-            __m256 e = exp_neg(_mm256_fmsub_ps(_mm256_loadu_ps(tmp), vinv, vmx));
-            e = _mm256_and_ps(e, _mm256_castsi256_ps(lanes(k)));
-            _mm256_storeu_ps(tmp, e);
-            memcpy(s + t, tmp, (size_t)k * sizeof(float));
-            if ((t >> 3) & 1) vs1 = _mm256_add_ps(vs1, e);
-            else vs0 = _mm256_add_ps(vs0, e);
-        }
-        softmax_close(a, ml + 2 * r, D, m_old, mx, hsum(_mm256_add_ps(vs0, vs1)));
+        softmax_close(a, ml + 2 * r, D, m_old, mx, exp_scores(s, n, vinv, mx));
     }
 }
 

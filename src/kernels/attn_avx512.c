@@ -14,20 +14,22 @@
 #include "kernels/attn_simd.h"
 #include "kernels/avx2_util.h"
 
-/* The project's exponential (core/exp_poly.h; exp_neg of avx2_util.h) on 16
- * lanes, operation for operation, so every lane gets the bits the 8-lane
- * version gives it; its last step, y 2^n (an add to y's exponent field
- * there), is one vscalefps here (both exact: y 2^n is normal). A copy rather than two
- * 8-lane calls: the softmax's exponentials are half its time per block. */
+/* The softmax's exponential (kkv_exp_soft of core/exp_poly.h;
+ * kkv_exp_soft8x4 of core/exp_poly_avx2.h) on 16 lanes, operation for
+ * operation with the same last step (n << 23 from the rounding sum's bits added to y's exponent field),
+ * so every lane gets the bits the 8-lane version gives it. A copy rather
+ * than two 8-lane calls: the softmax's exponentials are half its time per
+ * block. */
 AI __m512 exp_neg16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(KKV_EXP_MIN));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(KKV_EXP_LOG2E)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(KKV_EXP_LOG2E), _mm512_set1_ps(KKV_EXP_ROUNDER));
+    __m512 n = _mm512_sub_ps(t, _mm512_set1_ps(KKV_EXP_ROUNDER));
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(KKV_EXP_LN2_HI), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(KKV_EXP_LN2_LO), r);
-    __m512 y = _mm512_set1_ps(kkv_exp_taylor[0]);
-    for (int k = 1; k < 7; k++) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kkv_exp_taylor[k]));
-    return _mm512_scalef_ps(y, n);
+    __m512 y = _mm512_set1_ps(kkv_exp_minimax5[0]);
+    for (int k = 1; k < 6; k++) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kkv_exp_minimax5[k]));
+    __m512i e = _mm512_slli_epi32(_mm512_castps_si512(t), 23);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), e));
 }
 
 /* kkv_avx2_softmax on 16 lanes: the same fused argument fmsub(s, inv, m),

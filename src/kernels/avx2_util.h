@@ -67,12 +67,6 @@ AI float hmax(__m256 a) {
     return _mm_cvtss_f32(x);
 }
 
-/* The softmax's e^x for x <= 0: the project's exponential (core/exp_poly.h)
- * on 8 lanes, which attn_avx512.c's 16-lane copy follows operation for
- * operation but the exact last step, so the AVX2 and AVX-512 softmaxes agree
- * bit for bit. */
-AI __m256 exp_neg(__m256 x) { return kkv_exp_poly8(x); }
-
 /* The end of one head's online-softmax step, shared by the AVX2 and AVX-512
  * softmaxes: the accumulator a [D] rescaled by e^(m_old - mx), the running
  * (max, sum) ml [2] updated with this block's sum. When the block left the
