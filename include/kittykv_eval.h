@@ -211,6 +211,13 @@ double kkv_kl(const double *p, const double *logp, const double *logq, int n);
 /* The pct-th percentile (0..100) of v [n] by the nearest-rank rule
  * (sorted[ceil(pct/100 * n) - 1]); sorts v in place. 0 for n = 0. */
 double kkv_percentile(double *v, long n, double pct);
+/* Half-width of a 95% confidence interval for the mean of x [n], by batch
+ * means: x cut into B = min(32, n) runs of consecutive values (n / B each,
+ * give or take one), t_{0.975, B-1} * sd(run means) / sqrt(B). Neighbouring
+ * positions of a text are correlated, so the per-position standard error
+ * would be too narrow; runs of ~100 positions absorb most of that. NaN when
+ * x is NULL, n < 2 or some x is not finite. Reads x only. */
+double kkv_mean_ci95(const double *x, long n);
 
 KKV_END_DECLS
 #endif /* KITTYKV_EVAL_H */

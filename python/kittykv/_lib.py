@@ -280,6 +280,7 @@ _decl(evl, "kkv_eval_defaults", EvalConfig)
 _decl(evl, "kkv_eval_run", st, POINTER(EvalResult), POINTER(EvalResult), c_void_p, I32P,
       POINTER(EvalConfig), POINTER(c_char_p), c_int)
 _decl(evl, "kkv_eval_results_free", None, POINTER(EvalResult), c_int)
+_decl(evl, "kkv_mean_ci95", c_double, POINTER(c_double), c_long)
 _decl(evl, "kkv_eval_pool_bytes", st, POINTER(c_size_t), POINTER(CacheConfig), c_int)
 
 # the C library's free(), for the arrays kkv_tokenize_alloc hands over

@@ -253,8 +253,10 @@ class Model(Handle):
         optional callable(done, total, seconds).
 
         Returns a dict: tokens, score_from, scored, chunk, fp16_ppl, model and
-        methods, a list of {name, ppl, dppl_pct, kld_mean, kld_p99, kld_max,
-        top1, bits_per_element, kv_bytes, scored, seconds, mem}."""
+        methods, a list of {name, ppl, dppl_pct, kld_mean, kld_ci95, kld_p99,
+        kld_max, top1, bits_per_element, kv_bytes, scored, seconds, mem};
+        kld_ci95 is the half-width of the KLD mean's 95% interval
+        (kkv_mean_ci95; nan with one scored position)."""
         if methods is None:
             specs = _method_names()
         elif isinstance(methods, (str, Method)):
@@ -276,7 +278,7 @@ class Model(Handle):
         cfg.score_from = int(score_from)
         cfg.chunk = int(chunk)
         cfg.n_threads = int(n_threads)
-        cfg.keep_kld = int(bool(keep_kld))
+        cfg.keep_kld = 1  # the per-position KL gives kld_ci95; returned only if asked
         if progress is not None:
             cb = _lib.PROGRESS_FN(lambda user, done, total, secs: progress(done, total, secs))
             cfg.progress = cb
@@ -294,8 +296,13 @@ class Model(Handle):
                    "chunk": int(chunk), "fp16_ppl": ref.ppl, "methods": []}
             for i, spec in enumerate(specs):
                 r = res[i]
+                if r.kld:
+                    ci = _E.kkv_mean_ci95(r.kld, r.scored)
+                else:  # the reference alias "fp16": KL 0 at every position
+                    ci = 0.0 if r.kld_max == 0.0 else float("nan")
                 d = {"name": spec, "ppl": r.ppl, "dppl_pct": r.dppl_pct,
-                     "kld_mean": r.kld_mean, "kld_p99": r.kld_p99, "kld_max": r.kld_max,
+                     "kld_mean": r.kld_mean, "kld_ci95": ci,
+                     "kld_p99": r.kld_p99, "kld_max": r.kld_max,
                      "top1": r.top1, "bits_per_element": r.mem.bits_per_element,
                      "kv_bytes": int(r.mem.total), "scored": r.scored, "seconds": r.seconds,
                      "mem": _mem_dict(r.mem)}

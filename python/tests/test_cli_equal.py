@@ -99,6 +99,10 @@ def test_eval_keeps_per_position_kl(model):
     assert m["kld"].shape == (m["scored"],) == (32,)
     assert np.isclose(m["kld"].mean(), m["kld_mean"], rtol=1e-12, atol=0)
     assert m["kld"].max() == m["kld_max"]
+    # the KLD mean's interval by 32 batch means (32 positions: batches of one),
+    # recomputed here; t_{0.975, 31} = 2.0395
+    b = m["kld"].reshape(32, -1).mean(axis=1)
+    assert np.isclose(m["kld_ci95"], 2.0395 * b.std(ddof=1) / np.sqrt(32), rtol=1e-9, atol=0)
 
 
 PROMPT = ("A lighthouse keeper on a small northern island kept a careful log of every "

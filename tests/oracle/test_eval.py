@@ -61,14 +61,15 @@ def test_eval(cli, model, text):
     by = {m["name"]: m for m in j["methods"]}
     check(list(by) == methods.split(","), f"methods in order: {list(by)}")
     keys = {"name": str, "ppl": (int, float), "dppl_pct": (int, float),
-            "kld_mean": (int, float), "kld_p99": (int, float), "kld_max": (int, float),
+            "kld_mean": (int, float), "kld_ci95": (int, float), "kld_p99": (int, float),
+            "kld_max": (int, float),
             "top1": (int, float), "bits_per_element": (int, float), "kv_bytes": int}
     for m in j["methods"]:
         for k, t in keys.items():
             check(isinstance(m.get(k), t), f"{m.get('name')}: key {k} missing or mistyped")
     for name in ("fp16", "fp16:group=128"):
         m = by[name]
-        check(m["kld_mean"] == 0 and m["kld_p99"] == 0 and m["kld_max"] == 0,
+        check(m["kld_mean"] == 0 and m["kld_ci95"] == 0 and m["kld_p99"] == 0 and m["kld_max"] == 0,
               f"{name}: KL vs fp16 must be exactly 0, got {m['kld_mean']}/{m['kld_max']}")
         check(m["top1"] == 1.0, f"{name}: top-1 {m['top1']}")
         check(m["dppl_pct"] == 0 and m["ppl"] == j["fp16_ppl"], f"{name}: ppl {m['ppl']}")
@@ -82,9 +83,14 @@ def test_eval(cli, model, text):
         check(m["kld_mean"] > 0 and m["kld_p99"] > 0 and m["kld_max"] >= m["kld_p99"],
               f"{name}: KL stats inconsistent {m}")
         check(0 < m["bits_per_element"] < 16, f"{name}: bits {m['bits_per_element']}")
+    for name in ("kivi-k2v2", "kitty"):
+        m = by[name]
+        check(0 < m["kld_ci95"] < m["kld_mean"],
+              f"{name}: KLD interval {m['kld_ci95']} must be in (0, mean {m['kld_mean']})")
     check(k2["bits_per_element"] < k4["bits_per_element"], "k2v2 must use fewer bits than k4v4")
     check(k2["kv_bytes"] < by["fp16"]["kv_bytes"], "k2v2 must store fewer bytes than fp16")
-    check("KLD mean" in p.stdout and "kivi-k2v2" in p.stdout, "readable table on stdout")
+    check("KLD mean" in p.stdout and "+-95%" in p.stdout and "kivi-k2v2" in p.stdout,
+          "readable table on stdout")
 
 
 def test_chunk_invariance(cli, model, text):

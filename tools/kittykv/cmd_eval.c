@@ -1,6 +1,7 @@
 /* kittykv eval: perplexity, KL divergence from fp16 and top-1 agreement of
  * every KV cache method, all run in lock-step over the same tokens, every
  * scored token attending to the cache as stored. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,18 +84,28 @@ static int parse(opts *o, int argc, char **argv) {
     return 0;
 }
 
+/* The KLD mean's 95% interval half-width: 0 for the reference alias "fp16"
+ * (no per-position array: its KL is 0 by construction), NaN where it is
+ * undefined (one scored position). */
+static double kld_ci95(const kkv_eval_result *r) {
+    if (!r->kld) return r->kld_max == 0.0 ? 0.0 : NAN;
+    return kkv_mean_ci95(r->kld, r->scored);
+}
+
 static void print_table(const cli_spec *specs, const kkv_eval_result *res, int n,
                         const kkv_eval_result *ref, int n_tokens, int score_from) {
     printf("tokens %d, scored %ld (positions %d..%d), fp16 perplexity %.4f\n\n", n_tokens,
            ref->scored, score_from, n_tokens - 1, ref->ppl);
-    printf("%-28s %9s %8s %9s %9s %9s %7s %7s %11s %8s\n", "method", "PPL", "dPPL%",
-           "KLD mean", "KLD p99", "KLD max", "top-1", "bits", "KV bytes", "secs");
+    printf("%-28s %9s %8s %9s %8s %9s %9s %7s %7s %11s %8s\n", "method", "PPL", "dPPL%",
+           "KLD mean", "+-95%", "KLD p99", "KLD max", "top-1", "bits", "KV bytes", "secs");
     for (int i = 0; i < n; i++) {
         const kkv_eval_result *r = &res[i];
-        printf("%-28s %9.4f %+8.2f %9.5f %9.5f %9.4f %7.4f %7.3f %11llu %8.1f\n", specs[i].name,
-               r->ppl, r->dppl_pct, r->kld_mean, r->kld_p99, r->kld_max, r->top1,
+        printf("%-28s %9.4f %+8.2f %9.5f %8.5f %9.5f %9.4f %7.4f %7.3f %11llu %8.1f\n", specs[i].name,
+               r->ppl, r->dppl_pct, r->kld_mean, kld_ci95(r), r->kld_p99, r->kld_max, r->top1,
                r->mem.bits_per_element, (unsigned long long)r->mem.total, r->seconds);
     }
+    printf("\n(+-95%%: half-width of the KLD mean's 95%% confidence interval for text like this,\n"
+           "from the means of 32 runs of consecutive positions)\n");
     fflush(stdout);
 }
 
@@ -111,10 +122,15 @@ static void print_json(const opts *o, const kkv_model_info *info, const cli_spec
         const kkv_eval_result *r = &res[i];
         printf("%s{\"name\":", i ? "," : "");
         cli_json_str(stdout, specs[i].name);
-        printf(",\"ppl\":%.17g,\"dppl_pct\":%.17g,\"kld_mean\":%.17g,\"kld_p99\":%.17g,"
+        double ci = kld_ci95(r);
+        printf(",\"ppl\":%.17g,\"dppl_pct\":%.17g,\"kld_mean\":%.17g,\"kld_ci95\":", r->ppl, r->dppl_pct,
+               r->kld_mean);
+        if (isfinite(ci)) printf("%.17g", ci);
+        else printf("null");
+        printf(",\"kld_p99\":%.17g,"
                "\"kld_max\":%.17g,\"top1\":%.17g,\"bits_per_element\":%.17g,\"kv_bytes\":%llu,"
                "\"scored\":%ld,\"seconds\":%.3f}",
-               r->ppl, r->dppl_pct, r->kld_mean, r->kld_p99, r->kld_max, r->top1,
+               r->kld_p99, r->kld_max, r->top1,
                r->mem.bits_per_element, (unsigned long long)r->mem.total, r->scored,
                r->seconds);
     }
@@ -160,6 +176,7 @@ int cmd_eval(int argc, char **argv) {
     cfg.score_from = o.score_from;
     cfg.chunk = o.chunk;
     cfg.pool = tp;
+    cfg.keep_kld = 1; /* for the KLD mean's interval */
     if (cli_eval_run(res, &ref, m, tokens, &cfg, specs, n_specs, "eval", CMD)) goto done;
     print_table(specs, res, n_specs, &ref, o.ctx, o.score_from);
     if (o.json) print_json(&o, &info, specs, res, n_specs, &ref, o.ctx);
