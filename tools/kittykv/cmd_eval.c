@@ -44,7 +44,9 @@ static const char *const EPILOG =
     "  e.g. kitty:alpha=0.5:select=random:seed=3, kitty:pairs=1:clip=1\n"
     "Options a method ignores are errors (fp16 takes only group).\n"
     "\nKL is KL(p_fp16 || p_method) in nats per position, computed in double over\n"
-    "the whole vocabulary; p99 is the nearest-rank 99th percentile.\n";
+    "the whole vocabulary; p99 is the nearest-rank 99th percentile. +-95% is the\n"
+    "half-width of the KL mean's 95% confidence interval: the scored positions cut\n"
+    "into 32 runs of consecutive tokens, t(0.975, 31) x sd(run means) / sqrt(32).\n";
 
 static int parse(opts *o, int argc, char **argv) {
     *o = (opts){.ctx = 4096, .score_from = 256, .chunk = 1};
