@@ -1,12 +1,12 @@
 /* The 8-lane exponentials of core/exp_poly_avx2.h against their scalar
  * forms, bit for bit: kkv_exp_poly8 (the activations') against kkv_exp_poly,
  * and kkv_exp_soft8x4 (four vectors at once; the SIMD softmaxes') against
- * kkv_exp_soft, over the whole domain x <= 88: -inf and the clamped range, every float near the
- * clamp (where n = -126 and the result's exponent field is smallest) and
- * near 88 (n = 127, the largest), and a strided walk over every other float
- * in between, both signs. The 8-lane form builds y 2^n by adding n to y's
- * exponent field where the scalar one multiplies; this is the check that the
- * two are the same operation on this domain. Then kkv_exp_soft's accuracy
+ * kkv_exp_soft, over the whole domain x <= 88: -inf and the clamped range,
+ * every float near the clamp (where n = -126 and the result's exponent field
+ * is smallest) and near 88 (n = 127, the largest), and a strided walk over
+ * every other float in between, both signs. The 8-lane forms build y 2^n by
+ * adding n to y's exponent field where the scalar ones multiply; this is the
+ * check that the two are the same operation on this domain. Then kkv_exp_soft's accuracy
  * against exp in double on the softmax's domain [-87.3, 0]: relative error
  * <= 2.5e-7 (core/exp_poly.h derives it), every 7th float.
  *
@@ -59,8 +59,9 @@ static int compare8(const float *xs, int *reported) {
             float s = ref[f > 0];
             if (bits_of(s) != bits_of(v[f][i])) {
                 if (!(*reported)++)
-                    fprintf(stderr, "  exp(%.9g): %s %.9g (0x%08x), scalar %.9g (0x%08x)\n", (double)xs[i], name[f],
-                            (double)v[f][i], (unsigned)bits_of(v[f][i]), (double)s, (unsigned)bits_of(s));
+                    fprintf(stderr, "  exp(%.9g): %s %.9g (0x%08x), scalar %.9g (0x%08x)\n", (double)xs[i],
+                            name[f], (double)v[f][i], (unsigned)bits_of(v[f][i]), (double)s,
+                            (unsigned)bits_of(s));
                 bad++;
             }
         }
@@ -102,8 +103,10 @@ int main(void) {
     /* the rest, both signs, every 11th float (tiny magnitudes included) */
     bad += sweep(0.0f, 88.0f, 11, &count, &reported);
     bad += sweep(-0.0f, -87.4f, 11, &count, &reported);
-    CHECK(bad == 0, "an 8-lane exponential differs from its scalar form: %ld lane results of %ld arguments (first above)", bad, count);
-    printf("exp: %ld arguments, 5 results each (kkv_exp_poly8, kkv_exp_soft8x4 in its four positions), %ld differ\n", count, bad);
+    CHECK(bad == 0, "an 8-lane exponential differs from its scalar form: %ld lane results of %ld arguments "
+                    "(first above)", bad, count);
+    printf("exp: %ld arguments, 5 results each (kkv_exp_poly8, kkv_exp_soft8x4 in its four positions), "
+           "%ld differ\n", count, bad);
     /* kkv_exp_soft against e^x in double on [-87.3, 0] */
     double worst = 0.0;
     float at = 0.0f;

@@ -28,7 +28,10 @@ int main(void) {
     CHECK(big != NULL, "malloc");
     if (big) {
         unsigned s = 1;
-        for (int i = 0; i < 4000; i++) s = s * 1103515245u + 12345u, big[i] = (double)(s >> 16 & 0x7fff) / 32768.0;
+        for (int i = 0; i < 4000; i++) {
+            s = s * 1103515245u + 12345u;
+            big[i] = (double)(s >> 16 & 0x7fff) / 32768.0;
+        }
         double h1 = kkv_mean_ci95(big, 1000), h4 = kkv_mean_ci95(big, 4000);
         /* uniform [0, 1): sd 0.2887, so about 2.04 * 0.2887 / sqrt(n) */
         CHECK(h1 > 0.5 * 0.0186 && h1 < 2.0 * 0.0186, "1000 uniforms: %.9g", h1);

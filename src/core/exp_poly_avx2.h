@@ -50,7 +50,8 @@ static inline __attribute__((always_inline)) void kkv_exp_soft8x4(__m256 v[4]) {
     for (int k = 1; k < 6; k++)
         for (int i = 0; i < 4; i++) y[i] = _mm256_fmadd_ps(y[i], r[i], _mm256_set1_ps(kkv_exp_minimax5[k]));
     for (int i = 0; i < 4; i++)
-        v[i] = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y[i]), _mm256_slli_epi32(_mm256_castps_si256(t[i]), 23)));
+        v[i] = _mm256_castsi256_ps(
+            _mm256_add_epi32(_mm256_castps_si256(y[i]), _mm256_slli_epi32(_mm256_castps_si256(t[i]), 23)));
 }
 
 #endif

@@ -479,7 +479,8 @@ static float exp_scores(float *s, int n, __m256 vinv, float mx) {
  * round(max s * inv) = max round(s * inv) since rounding is monotone, so the
  * running max is the unfused form's. The sum runs as two chains, even and
  * odd vectors (the AVX-512 kernel's low and high halves), which halves its
- * latency. With the exponential's degree-6 polynomial (was 7; now kkv_exp_soft's degree 5) the AVX-512 softmax of
+ * latency. With the exponential's degree-6 polynomial (was 7; now
+ * kkv_exp_soft's degree 5) the AVX-512 softmax of
  * a 128-token block for 3 heads went from ~105 to ~88 ns (Zen 5). The fused
  * argument is also the more accurate one: s * inv - m rounded once, where the
  * unfused form lost up to ulp(s * inv) / 2 to cancellation. The rescale of

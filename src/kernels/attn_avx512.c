@@ -16,8 +16,9 @@
 
 /* The softmax's exponential (kkv_exp_soft of core/exp_poly.h;
  * kkv_exp_soft8x4 of core/exp_poly_avx2.h) on 16 lanes, operation for
- * operation with the same last step (n << 23 from the rounding sum's bits added to y's exponent field),
- * so every lane gets the bits the 8-lane version gives it. A copy rather
+ * operation with the same last step (n << 23 from the rounding sum's bits
+ * added to y's exponent field), so every lane gets the bits the 8-lane
+ * version gives it. A copy rather
  * than two 8-lane calls: the softmax's exponentials are half its time per
  * block. */
 AI __m512 exp_neg16(__m512 x) {
