@@ -493,7 +493,7 @@ static float exp_scores(float *s, int n, __m256 vinv, float mx) {
  * The exponential is kkv_exp_soft (core/exp_poly.h), two operations a
  * vector fewer than the activations' kkv_exp_poly at the same accuracy:
  * on the same EPYC the softmax of 3 heads x 128 tokens went from ~340 to
- * ~300 ns as a loop in a harness, but only 3-5% in the library, where the
+ * ~300 ns as a loop in a harness, but only 4-5% in the library, where the
  * same loop's speed moved by +-10% with where the code landed (builds that
  * differed elsewhere). */
 void kkv_avx2_softmax(float *sc, float *ml, float *acc, int n_rep, int n, int D, float inv) {
