@@ -296,10 +296,7 @@ class Model(Handle):
                    "chunk": int(chunk), "fp16_ppl": ref.ppl, "methods": []}
             for i, spec in enumerate(specs):
                 r = res[i]
-                if r.kld:
-                    ci = _E.kkv_mean_ci95(r.kld, r.scored)
-                else:  # the reference alias "fp16": KL 0 at every position
-                    ci = 0.0 if r.kld_max == 0.0 else float("nan")
+                ci = _E.kkv_mean_ci95(r.kld, r.scored)
                 d = {"name": spec, "ppl": r.ppl, "dppl_pct": r.dppl_pct,
                      "kld_mean": r.kld_mean, "kld_ci95": ci,
                      "kld_p99": r.kld_p99, "kld_max": r.kld_max,

@@ -94,8 +94,10 @@ def test_eval_equals_cli_json(cli, model, model_path, tmp_path):
 
 
 def test_eval_keeps_per_position_kl(model):
-    r = model.eval(TEXT, ["kitty:group=8:sink=2:window=4"], 40, score_from=8, keep_kld=True)
-    m = r["methods"][0]
+    r = model.eval(TEXT, ["fp16", "kitty:group=8:sink=2:window=4"], 40, score_from=8, keep_kld=True)
+    f, m = r["methods"]
+    # the reference alias has its per-position KL too: 0 everywhere
+    assert f["kld"].shape == (32,) and not f["kld"].any() and f["kld_ci95"] == 0.0
     assert m["kld"].shape == (m["scored"],) == (32,)
     assert np.isclose(m["kld"].mean(), m["kld_mean"], rtol=1e-12, atol=0)
     assert m["kld"].max() == m["kld_max"]

@@ -32,18 +32,25 @@
 static const float kkv_exp_taylor[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f,
                                         0.5f,          1.0f,          1.0f};
 
-/* e^x for finite or -inf x <= 88 (not NaN: the caller handles it). */
-static inline float kkv_exp_poly(float x) {
-    x = x < KKV_EXP_MIN ? KKV_EXP_MIN : x;
-    float n = rintf(x * KKV_EXP_LOG2E); /* -126 .. 127 */
+/* The steps both exponentials share, given the clamped x and its integer
+ * n = round(x log2 e) in -126 .. 127: r = x - n ln 2 in two steps
+ * (Cody-Waite, |r| <= ln2 / 2), e^r by the polynomial c [deg + 1] in Horner
+ * order, times 2^n built from n's bits (exact: y 2^n is a normal float). */
+static inline float kkv_exp_finish(float x, float n, const float *c, int deg) {
     float r = fmaf(-n, KKV_EXP_LN2_HI, x);
     r = fmaf(-n, KKV_EXP_LN2_LO, r);
-    float y = kkv_exp_taylor[0];
-    for (int k = 1; k < 7; k++) y = fmaf(y, r, kkv_exp_taylor[k]);
+    float y = c[0];
+    for (int k = 1; k <= deg; k++) y = fmaf(y, r, c[k]);
     int32_t e = ((int32_t)n + 127) << 23;
     float s;
     memcpy(&s, &e, sizeof s);
-    return y * s; /* exact: y 2^n is a normal float */
+    return y * s;
+}
+
+/* e^x for finite or -inf x <= 88 (not NaN: the caller handles it). */
+static inline float kkv_exp_poly(float x) {
+    x = x < KKV_EXP_MIN ? KKV_EXP_MIN : x;
+    return kkv_exp_finish(x, rintf(x * KKV_EXP_LOG2E), kkv_exp_taylor, 6);
 }
 
 /* The softmax's e^x (kernels/avx2_util.h, 8 lanes; attn_avx512.c, 16),
@@ -56,7 +63,7 @@ static inline float kkv_exp_poly(float x) {
  * degree-6 Taylor one: five FMAs instead of six. The 8-lane forms then take
  * 2^n from the sum's own low bits (n << 23) instead of converting n.
  * Relative error against e^x in double <= 2.5e-7 on the softmax's domain
- * [-87.3, 0] (tests/test_exp_avx2.c measures it: 1.98e-7 here), against
+ * [-87.3, 0] (tests/test_exp_avx2.c measures it: 2.01e-7 here), against
  * ~1.2e-7 for kkv_exp_poly; the attention's scores carry far more (the
  * page kernels round the query to 8 bits). Clamped below at -87.3 as
  * kkv_exp_poly (the same argument for y >= 1 where n = -126 holds: n is
@@ -68,15 +75,8 @@ static const float kkv_exp_minimax5[6] = {0.0082976548f, 0.0419153832f, 0.166675
 
 static inline float kkv_exp_soft(float x) {
     x = x < KKV_EXP_MIN ? KKV_EXP_MIN : x;
-    float n = fmaf(x, KKV_EXP_LOG2E, KKV_EXP_ROUNDER) - KKV_EXP_ROUNDER; /* -126 .. 127 */
-    float r = fmaf(-n, KKV_EXP_LN2_HI, x);
-    r = fmaf(-n, KKV_EXP_LN2_LO, r);
-    float y = kkv_exp_minimax5[0];
-    for (int k = 1; k < 6; k++) y = fmaf(y, r, kkv_exp_minimax5[k]);
-    int32_t e = ((int32_t)n + 127) << 23;
-    float s;
-    memcpy(&s, &e, sizeof s);
-    return y * s;
+    float n = fmaf(x, KKV_EXP_LOG2E, KKV_EXP_ROUNDER) - KKV_EXP_ROUNDER;
+    return kkv_exp_finish(x, n, kkv_exp_minimax5, 5);
 }
 
 #endif

@@ -343,6 +343,13 @@ kkv_status kkv_eval_run(kkv_eval_result *res, kkv_eval_result *ref, kkv_model *m
         if (!lanes[i].cache) {
             lanes[i].r = lanes[0].r; /* "fp16" is the reference: KL 0, top-1 1 */
             lanes[i].r.kld = NULL;
+            if (cfg->keep_kld) { /* its per-position KL: 0 everywhere */
+                lanes[i].r.kld = calloc((size_t)M, sizeof *lanes[i].r.kld); /* [M] */
+                if (!lanes[i].r.kld) {
+                    st = kkv_fail(KKV_ERR_NOMEM, "eval: out of memory");
+                    goto done;
+                }
+            }
             continue;
         }
         finish(&lanes[i].r, lanes[i].top1_hits, ref_ppl, 1);

@@ -86,11 +86,9 @@ static int parse(opts *o, int argc, char **argv) {
     return 0;
 }
 
-/* The KLD mean's 95% interval half-width: 0 for the reference alias "fp16"
- * (no per-position array: its KL is 0 by construction), NaN where it is
- * undefined (one scored position). */
+/* The KLD mean's 95% interval half-width (the run keeps every method's
+ * per-position KL); NaN where it is undefined (one scored position). */
 static double kld_ci95(const kkv_eval_result *r) {
-    if (!r->kld) return r->kld_max == 0.0 ? 0.0 : NAN;
     return kkv_mean_ci95(r->kld, r->scored);
 }
 
