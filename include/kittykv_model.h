@@ -150,6 +150,33 @@ uint64_t kkv_model_fingerprint(const kkv_model *m);
  * roofline of decode at short context. 0 for a vocabulary-only model or NULL. */
 uint64_t kkv_model_decode_bytes(const kkv_model *m);
 
+/* The parts of a forward pass that kkv_model_profile times (numbers are
+ * stable; new parts are added at the end). */
+typedef enum kkv_model_part {
+    KKV_PART_QKV = 0,       /* attention norm, Q/K/V projections, biases, QK norms, RoPE */
+    KKV_PART_ATTENTION = 1, /* the cache: append, attend, flush */
+    KKV_PART_OUT_PROJ = 2,  /* attention output projection, post-norm, residual */
+    KKV_PART_FFN = 3,       /* FFN norm, gate/up, activation, down, post-norm, residual */
+    KKV_PART_HEAD = 4,      /* output norm and the vocabulary projection */
+    KKV_PART_OTHER = 5,     /* embedding rows, RoPE tables, argument checks, reservation */
+    KKV_PART_COUNT = 6
+} kkv_model_part;
+
+/* enable 1: start timing the parts of m's forward passes (kkv_model_forward,
+ * kkv_model_decode_batch) from zero; 0: stop (the totals stay readable).
+ * Off by default; while on, a pass reads the monotonic clock ~5 times per
+ * layer (well under 1% of a SmolLM2 step). For benchmarks and tuning; the
+ * pass computes the same bits either way. */
+kkv_status kkv_model_profile(kkv_model *m, int enable);
+/* Wall seconds spent in each part since profiling last started, summed over
+ * the passes timed: seconds [KKV_PART_COUNT]; *passes: how many passes (may
+ * be NULL). The parts add up to the passes' wall time. Zeros when profiling
+ * never started. */
+kkv_status kkv_model_profile_get(const kkv_model *m, double *seconds, int64_t *passes);
+/* A short name of a part ("qkv", "attention", "out_proj", "ffn", "head",
+ * "other"), or "?" for a number outside 0..KKV_PART_COUNT-1. Static. */
+const char *kkv_model_part_name(int part);
+
 /* The sliding window of one layer in tokens (0: global attention, or no such
  * layer or model). kkv_model_cache_config() passes every layer's to the cache. */
 int kkv_model_layer_window(const kkv_model *m, int layer);

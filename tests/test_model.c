@@ -16,6 +16,7 @@
  *     one full sequence appends to none;
  *   - bad arguments (token ids, sequence, cache shape) are rejected. */
 #include <math.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -555,6 +556,73 @@ out:
     kkv_cache_free(ref);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* kkv_model_profile: the parts of a pass are timed, add up to its wall time,
+ * restart from zero, stop, and change no result. */
+static void test_profile(const int32_t *prompt) {
+    kkv_cache *c = make_cache("kitty", 64u << 20, 200, 1);
+    float *l0 = malloc(V() * 4), *l1 = malloc(V() * 4);
+    int a = -1, b = -1;
+    if (!c || !l0 || !l1 || kkv_seq_add(c, &a) != KKV_OK || kkv_seq_add(c, &b) != KKV_OK) {
+        CHECK(0, "setup failed");
+        free(l0);
+        free(l1);
+        kkv_cache_free(c);
+        return;
+    }
+    double sec[KKV_PART_COUNT];
+    int64_t passes = -1;
+    CHECK(kkv_model_profile_get(g_m, sec, &passes) == KKV_OK && passes == 0,
+          "never started: %lld passes", (long long)passes);
+    CHECK(kkv_model_forward(g_m, c, l0, a, prompt, 30, 0) == KKV_OK, "a: %s", kkv_last_error());
+    CHECK(kkv_model_profile(g_m, 1) == KKV_OK, "start: %s", kkv_last_error());
+    double t0 = now_s();
+    CHECK(kkv_model_forward(g_m, c, l1, b, prompt, 30, 0) == KKV_OK, "b: %s", kkv_last_error());
+    double wall = now_s() - t0;
+    CHECK(!memcmp(l0, l1, V() * 4), "profiling changed the logits");
+    CHECK(kkv_model_profile_get(g_m, sec, &passes) == KKV_OK && passes == 1, "%lld passes after one",
+          (long long)passes);
+    double sum = 0.0;
+    for (int p = 0; p < KKV_PART_COUNT; p++) {
+        CHECK(sec[p] >= 0.0, "part %s: %g s", kkv_model_part_name(p), sec[p]);
+        sum += sec[p];
+    }
+    CHECK(sec[KKV_PART_QKV] > 0 && sec[KKV_PART_ATTENTION] > 0 && sec[KKV_PART_OUT_PROJ] > 0 &&
+              sec[KKV_PART_FFN] > 0 && sec[KKV_PART_HEAD] > 0,
+          "a part of a 30-token pass took no time: %g %g %g %g %g", sec[0], sec[1], sec[2], sec[3], sec[4]);
+    CHECK(sum <= wall && sum > 0.9 * wall, "parts %g s against the pass's %g s", sum, wall);
+    /* decode steps add up; stopping keeps the totals */
+    int32_t tok = prompt[30];
+    CHECK(kkv_model_decode_batch(g_m, c, l1, &b, &tok, 1) == KKV_OK, "step: %s", kkv_last_error());
+    CHECK(kkv_model_profile(g_m, 0) == KKV_OK, "stop: %s", kkv_last_error());
+    double sec2[KKV_PART_COUNT];
+    CHECK(kkv_model_profile_get(g_m, sec2, &passes) == KKV_OK && passes == 2 && sec2[KKV_PART_FFN] > sec[KKV_PART_FFN],
+          "after a decode step: %lld passes, ffn %g -> %g s", (long long)passes, sec[KKV_PART_FFN], sec2[KKV_PART_FFN]);
+    CHECK(kkv_model_forward(g_m, c, l1, a, &tok, 1, 0) == KKV_OK, "a step: %s", kkv_last_error());
+    CHECK(kkv_model_profile_get(g_m, sec, &passes) == KKV_OK && passes == 2 && !memcmp(sec, sec2, sizeof sec),
+          "a pass after stopping was timed");
+    CHECK(kkv_model_profile(g_m, 1) == KKV_OK && kkv_model_profile_get(g_m, sec, NULL) == KKV_OK &&
+              sec[KKV_PART_FFN] == 0.0,
+          "a restart kept the totals");
+    CHECK(kkv_model_profile(g_m, 0) == KKV_OK, "stop: %s", kkv_last_error());
+    /* refusals and names */
+    CHECK(kkv_model_profile(NULL, 1) == KKV_ERR_INVALID_ARG && kkv_model_profile(g_m, 2) == KKV_ERR_INVALID_ARG &&
+              kkv_model_profile_get(NULL, sec, NULL) == KKV_ERR_INVALID_ARG &&
+              kkv_model_profile_get(g_m, NULL, NULL) == KKV_ERR_INVALID_ARG,
+          "bad profile arguments accepted");
+    CHECK(!strcmp(kkv_model_part_name(KKV_PART_QKV), "qkv") && !strcmp(kkv_model_part_name(KKV_PART_OTHER), "other") &&
+              !strcmp(kkv_model_part_name(-1), "?") && !strcmp(kkv_model_part_name(KKV_PART_COUNT), "?"),
+          "part names");
+    free(l0);
+    free(l1);
+    kkv_cache_free(c);
+}
+
 static void test_bad_args(const int32_t *prompt) {
     kkv_cache *c = make_cache("kitty", 64u << 20, 50, 1);
     float *lg = malloc(V() * 4);
@@ -702,6 +770,7 @@ int main(void) {
         test_decode_batch_wide(prompt);
         test_pool_full(prompt);
         test_bad_args(prompt);
+        test_profile(prompt);
         test_fork_state(prompt);
     }
     free(prompt);

@@ -13,7 +13,7 @@ memory.
 import ctypes
 import os
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_float,
-                    c_int, c_int32, c_long, c_size_t, c_ubyte, c_uint64, c_void_p)
+                    c_int, c_int32, c_int64, c_long, c_size_t, c_ubyte, c_uint64, c_void_p)
 
 _LIB_NAMES = ("libkittykv.so", "libkittykv-model.so", "libkittykv-eval.so")
 
@@ -254,6 +254,11 @@ _decl(model, "kkv_model_get_info", None, c_void_p, POINTER(ModelInfo))
 _decl(model, "kkv_model_set_exact_matmul", st, c_void_p, c_int)
 model_fingerprint = _opt(model, "kkv_model_fingerprint", c_uint64, c_void_p)
 model_decode_bytes = _opt(model, "kkv_model_decode_bytes", c_uint64, c_void_p)
+model_profile = _opt(model, "kkv_model_profile", st, c_void_p, c_int)
+model_profile_get = _opt(model, "kkv_model_profile_get", st, c_void_p, POINTER(c_double),
+                         POINTER(c_int64))
+model_part_name = _opt(model, "kkv_model_part_name", c_char_p, c_int)
+MODEL_PARTS = ("qkv", "attention", "out_proj", "ffn", "head", "other")  # kkv_model_part order
 _decl(model, "kkv_model_cache_config", CacheConfig, c_void_p, POINTER(Method), c_size_t)
 _decl(model, "kkv_model_forward", st, c_void_p, c_void_p, F32P, c_int, I32P, c_int, c_int)
 _decl(model, "kkv_tokenize_alloc", st, c_void_p, POINTER(POINTER(c_int32)), POINTER(c_int), c_char_p,

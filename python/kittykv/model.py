@@ -106,6 +106,27 @@ class Model(Handle):
         with self._use() as m:
             return int(_lib.model_decode_bytes(m))
 
+    def profile(self, enable=True):
+        """Starts (from zero) or stops timing the parts of this model's
+        forward passes (kkv_model_profile); profile_times() reads the totals.
+        Unsupported in builds without it."""
+        if _lib.model_profile is None:
+            raise Unsupported("profile: this build has no kkv_model_profile")
+        with self._use() as m:
+            check(_lib.model_profile(m, 1 if enable else 0), "profile")
+
+    def profile_times(self):
+        """(seconds per part, passes) since profiling last started: a dict
+        from part name ("qkv", "attention", "out_proj", "ffn", "head",
+        "other") to wall seconds summed over the passes timed."""
+        if _lib.model_profile_get is None:
+            raise Unsupported("profile_times: this build has no kkv_model_profile_get")
+        sec = (ctypes.c_double * len(_lib.MODEL_PARTS))()
+        passes = ctypes.c_int64(0)
+        with self._use() as m:
+            check(_lib.model_profile_get(m, sec, ctypes.byref(passes)), "profile_times")
+        return dict(zip(_lib.MODEL_PARTS, list(sec))), int(passes.value)
+
     n_vocab = property(lambda self: self._info.n_vocab)
     bos = property(lambda self: self._info.bos)
     eos = property(lambda self: self._info.eos)

@@ -395,3 +395,26 @@ def test_decode_bytes_are_the_files_matrices(model, model_path):
                if len([d for d in t.shape if d > 1]) >= 2
                and not (t.name == "token_embd.weight" and "output.weight" in names))
     assert model.decode_bytes == want
+
+
+def test_profile_times_the_parts_of_a_pass(model):
+    """Model.profile: the parts of a forward pass are timed and add up to about
+    its wall time; the logits do not change; stopping keeps the totals."""
+    import time
+    prompt = model.tokenize("Every evening the ferry crossed the bay twice " * 3)
+    with model.cache("kitty", 64) as a, model.cache("kitty", 64) as b:
+        sa, sb = a.add_sequence(), b.add_sequence()
+        ref = model.forward(a, sa, prompt)
+        model.profile(True)
+        t0 = time.perf_counter()
+        got = model.forward(b, sb, prompt)
+        wall = time.perf_counter() - t0
+        model.profile(False)
+        assert np.array_equal(ref, got)
+        sec, passes = model.profile_times()
+        assert passes == 1
+        assert set(sec) == {"qkv", "attention", "out_proj", "ffn", "head", "other"}
+        assert all(sec[k] > 0 for k in ("qkv", "attention", "out_proj", "ffn", "head"))
+        assert 0 < sum(sec.values()) <= wall
+        model.forward(b, sb, prompt[:1])  # not timed: profiling is off
+        assert model.profile_times() == (sec, passes)

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/status.h"
 #include "model/model.h"
@@ -71,6 +72,21 @@ static kkv_status seq_position(const kkv_model *m, const kkv_cache *c, int seq, 
                             "length (an earlier forward pass failed midway); free it", seq);
     *len = n0;
     return KKV_OK;
+}
+
+/* kkv_model_profile's clock, in seconds. */
+static double prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* While profiling: the time since the last mark goes to `part`. */
+static inline void prof_mark(kkv_model *m, kkv_model_part part) {
+    if (!m->prof_on) return;
+    double t = prof_now();
+    m->prof_s[part] += t - m->prof_t;
+    m->prof_t = t;
 }
 
 /* out: [n][w->rows] = x @ w^T with the model's matmul arithmetic. The only
@@ -158,6 +174,7 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
             kkv_op_rope_table(row(w->cs_swa, i, RP), row(w->sn_swa, i, RP), m->inv_freq_swa,
                               RP, w->pos[i]);
     }
+    prof_mark(m, KKV_PART_OTHER);
     for (int l = 0; l < in->n_layers; l++) {
         const kkv_layer *L = &m->layers[l];
         for (int i = 0; i < n; i++)
@@ -193,6 +210,7 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
             if (m->q_scale != 1.0f)
                 for (int j = 0; j < QD; j++) q[j] *= m->q_scale;
         }
+        prof_mark(m, KKV_PART_QKV);
         /* Token by token, so each token sees the cache exactly as a
          * single-token call would have left it. Rows of different sequences
          * do not see each other, so a decode batch appends them all, attends
@@ -212,12 +230,14 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
             KKV_TRY(kkv_attend_batch(c, w->att, ch->seqs, n, l, w->q, in->n_heads));
             for (int i = 0; i < n; i++) KKV_TRY(kkv_flush(c, ch->seqs[i], l));
         }
+        prof_mark(m, KKV_PART_ATTENTION);
         KKV_TRY(mm(m, w->proj, &L->wo, w->att, n));
         if (L->post_attn_norm) /* gemma3: the block output is normed before the add */
             for (int i = 0; i < n; i++)
                 kkv_op_rmsnorm(row(w->proj, i, E), row(w->proj, i, E), L->post_attn_norm, E,
                                in->rms_eps);
         for (size_t j = 0; j < (size_t)n * E; j++) w->x[j] += w->proj[j];
+        prof_mark(m, KKV_PART_OUT_PROJ);
 
         for (int i = 0; i < n; i++)
             kkv_op_rmsnorm(row(w->xn, i, E), row(w->x, i, E), L->ffn_norm, E, in->rms_eps);
@@ -233,12 +253,14 @@ static kkv_status run_chunk(kkv_model *m, kkv_cache *c, const chunk *ch) {
                 kkv_op_rmsnorm(row(w->proj, i, E), row(w->proj, i, E), L->post_ffn_norm, E,
                                in->rms_eps);
         for (size_t j = 0; j < (size_t)n * E; j++) w->x[j] += w->proj[j];
+        prof_mark(m, KKV_PART_FFN);
     }
     if (ch->logits && ch->first_out < n) {
         int n_out = n - ch->first_out;
         for (int i = ch->first_out; i < n; i++)
             kkv_op_rmsnorm(row(w->xn, i, E), row(w->x, i, E), m->output_norm, E, in->rms_eps);
         KKV_TRY(mm(m, ch->logits, &m->output, row(w->xn, ch->first_out, E), n_out));
+        prof_mark(m, KKV_PART_HEAD);
     }
     return KKV_OK;
 }
@@ -254,8 +276,8 @@ static void mark_if_touched(const kkv_model *m, kkv_cache *c, int seq, int len) 
         }
 }
 
-kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
-                             const int32_t *tokens, int n, int all_logits) {
+static kkv_status forward_pass(kkv_model *m, kkv_cache *c, float *logits, int seq,
+                               const int32_t *tokens, int n, int all_logits) {
     if (!m || !c || !tokens)
         return kkv_fail(KKV_ERR_INVALID_ARG, "forward: NULL %s",
                         !m ? "model" : !c ? "cache" : "tokens");
@@ -299,8 +321,8 @@ kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
  * that is harmless -- they are the pages those sequences' next token needs
  * and go back to the pool with kkv_seq_free -- and no token is appended to
  * any sequence, so every length and all cached K/V are as they were. */
-kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
-                                  const int *seqs, const int32_t *tokens, int n) {
+static kkv_status decode_batch_pass(kkv_model *m, kkv_cache *c, float *logits,
+                                    const int *seqs, const int32_t *tokens, int n) {
     if (!m || !c || !seqs || !tokens)
         return kkv_fail(KKV_ERR_INVALID_ARG, "decode batch: NULL %s",
                         !m ? "model" : !c ? "cache" : !seqs ? "seqs" : "tokens");
@@ -334,4 +356,55 @@ kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
         for (int i = 0; i < n; i++) mark_if_touched(m, c, seqs[i], lens[i]);
     free(lens);
     return s;
+}
+
+/* The entry points: the passes above, timed when profiling (the argument
+ * checks, the reservation and whatever follows the last layer count as
+ * "other"). */
+kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
+                             const int32_t *tokens, int n, int all_logits) {
+    if (m && m->prof_on) m->prof_t = prof_now();
+    kkv_status s = forward_pass(m, c, logits, seq, tokens, n, all_logits);
+    if (m && m->prof_on) {
+        prof_mark(m, KKV_PART_OTHER);
+        m->prof_passes++;
+    }
+    return s;
+}
+
+kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
+                                  const int *seqs, const int32_t *tokens, int n) {
+    if (m && m->prof_on) m->prof_t = prof_now();
+    kkv_status s = decode_batch_pass(m, c, logits, seqs, tokens, n);
+    if (m && m->prof_on) {
+        prof_mark(m, KKV_PART_OTHER);
+        m->prof_passes++;
+    }
+    return s;
+}
+
+kkv_status kkv_model_profile(kkv_model *m, int enable) {
+    if (!m) return kkv_fail(KKV_ERR_INVALID_ARG, "profile: NULL model");
+    if (enable != 0 && enable != 1)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "profile: enable is %d (0 or 1)", enable);
+    if (enable) {
+        memset(m->prof_s, 0, sizeof m->prof_s);
+        m->prof_passes = 0;
+    }
+    m->prof_on = enable;
+    return KKV_OK;
+}
+
+kkv_status kkv_model_profile_get(const kkv_model *m, double *seconds, int64_t *passes) {
+    if (!m || !seconds)
+        return kkv_fail(KKV_ERR_INVALID_ARG, "profile: NULL %s", !m ? "model" : "seconds");
+    memcpy(seconds, m->prof_s, sizeof m->prof_s);
+    if (passes) *passes = m->prof_passes;
+    return KKV_OK;
+}
+
+const char *kkv_model_part_name(int part) {
+    static const char *const names[KKV_PART_COUNT] = {"qkv", "attention", "out_proj", "ffn", "head",
+                                                      "other"};
+    return part >= 0 && part < KKV_PART_COUNT ? names[part] : "?";
 }

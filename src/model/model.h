@@ -87,6 +87,10 @@ struct kkv_model {
     size_t         packed_bytes; /* its size, for kkv_big_free */
     kkv_model_work w;
     float         *work_mem;   /* backing store of w (one block) */
+    int            prof_on;    /* kkv_model_profile: time the parts of each pass */
+    double         prof_s[KKV_PART_COUNT]; /* wall seconds per part since profiling started */
+    double         prof_t;     /* start of the interval being timed (monotonic seconds) */
+    int64_t        prof_passes;
 };
 
 /* kkv_model_load() on an already parsed GGUF, which the model takes over in

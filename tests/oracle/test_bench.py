@@ -241,6 +241,29 @@ def test_decode(t, exe, env):
         t.check(s0["ms_one_thread"] > 0 and abs(s0["speedup"] - want) <= 1e-3 * want,
                 name + ": speedup = one-thread time / 2-thread time")
 
+    name = "decode --parts"
+    obj = bench_ok(t, exe, env, name,
+                   ["decode", "--depth", "0,300", "-n", "3", "--methods", "fp16,kitty", "-t", "2",
+                    "--bw-mb", "16", "--parts", "--json"])
+    if obj is None or not has_keys(t, name, obj, ["rows", "parts"]):
+        return
+    parts, rows = obj["parts"], obj["rows"]
+    names = ["qkv", "attention", "out_proj", "ffn", "head", "other"]
+    t.check(len(parts) == len(rows) == 4, name + ": one parts row per (depth, method)")
+    for pr, r in zip(parts, rows):
+        if not has_keys(t, name + " row", pr, ["method", "depth"] + [n + "_ms" for n in names]):
+            continue
+        t.check((pr["method"], pr["depth"]) == (r["method"], r["depth"]),
+                name + ": rows in the table's order")
+        t.check(all(pr[n + "_ms"] >= 0 for n in names) and
+                all(pr[n + "_ms"] > 0 for n in ["qkv", "attention", "ffn", "head"]),
+                name + " %s@%d: every part timed" % (pr["method"], pr["depth"]))
+        total = sum(pr[n + "_ms"] for n in names)
+        # the parts are the mean step; the table's figure is the median: same order
+        t.check(0.3 * r["ms_per_step"] < total < 3.0 * r["ms_per_step"],
+                name + " %s@%d: parts %.3f ms against the median step %.3f ms" %
+                (pr["method"], pr["depth"], total, r["ms_per_step"]))
+
 
 def test_flush(t, exe, env):
     n = 300

@@ -51,7 +51,7 @@ def main():
                                  "-t, --threads", "--kernel", "--reps", "--bw-mb", "--scaling",
                                  "--json"],
         ("bench", "decode"): ["-m, --model", "--depth", "--kv LIST", "-n, --n-predict", "--batch",
-                              "-t, --threads", "--kernel", "--scaling", "--json"],
+                              "-t, --threads", "--kernel", "--scaling", "--parts", "--json"],
         ("bench", "flush"): ["-m, --model", "--kv SPEC", "--method", "-n, --n-predict",
                              "-t, --threads", "--kernel", "--no-baseline", "--json"],
         ("bench", "serve"): ["-m, --model", "-c, --ctx-size", "--kv LIST", "--kv-budget",

@@ -38,6 +38,7 @@ enum {
     BO_PREFIX   = 1 << 14, /* --shared-prefix N                 */
     BO_BATCH    = 1 << 15, /* --batch LIST                      */
     BO_SCALING  = 1 << 16, /* --scaling                         */
+    BO_PARTS    = 1 << 17, /* --parts                           */
 };
 
 /* Largest --batch value (sequences decoded together in one step). */
@@ -67,6 +68,7 @@ typedef struct bench_opts {
     int         batch[BENCH_MAX_LIST]; /* decode: batch sizes, ascending (default {1}) */
     int         n_batch;
     int         scaling;    /* attention: also time one thread, interleaved */
+    int         parts;      /* decode: time the parts of each step (kkv_model_profile) */
 } bench_opts;
 
 /* Parses argv[1..] into o (defaults already set by the caller; o->cmd set).

@@ -39,6 +39,9 @@ static void usage(FILE *f) {
             "stored K/V of the step's sequences; roofline: MB/step / median step over the\n"
             "read bandwidth of -t threads, measured before and after the steps (best, on\n"
             "2 MiB or 4 KiB pages).\n"
+            "With --parts each -t step is also cut into the parts of the forward pass\n"
+            "(kkv_model_profile: wall time of the caller); the table gives each part's mean\n"
+            "ms per step and its share, per method and depth.\n"
             "Default model: %s\n",
             cli_default_model());
 }
@@ -48,6 +51,7 @@ typedef struct row {
     double med_s, q1_s, q3_s, min_s, cpu_s, bits;
     double med1_s; /* --scaling: the median step on one thread */
     double bytes;  /* weights streamed + stored K/V of the step's sequences */
+    double part_s[KKV_PART_COUNT]; /* --parts: mean seconds per step in each part */
 } row;
 
 /* Read bandwidth on o->threads threads into *bw and, with S > 1 (--scaling),
@@ -109,6 +113,47 @@ static void json_scaling(const bench_opts *o, const row *rows, int R) {
     printf("]");
 }
 
+/* The --parts table: mean ms per step in each part of the forward pass and
+ * its share of their sum, per method and depth. */
+static void print_parts(const bench_opts *o, const row *rows, int R) {
+    printf("\nwhere a step goes (--parts: kkv_model_profile, mean ms per step on %d thread%s):\n",
+           o->threads, o->threads > 1 ? "s" : "");
+    printf("%-11s %7s %5s", "method", "depth", "batch");
+    for (int p = 0; p < KKV_PART_COUNT; p++) printf(" %15s", kkv_model_part_name(p));
+    printf("\n");
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < o->n_methods; i++) {
+            const row *r = &rows[(size_t)k * o->n_methods + i];
+            double sum = 0.0;
+            for (int p = 0; p < KKV_PART_COUNT; p++) sum += r->part_s[p];
+            printf("%-11s %7d %5d", o->method_names[i], r->depth, r->batch);
+            for (int p = 0; p < KKV_PART_COUNT; p++)
+                printf(" %7.3f (%4.1f%%)", r->part_s[p] * 1e3, sum > 0 ? 100.0 * r->part_s[p] / sum : 0.0);
+            printf("\n");
+        }
+    printf("(qkv: norm, Q/K/V projections, RoPE; attention: the cache's append, attend and flush;\n"
+           "out_proj: output projection and residual; ffn: norm, gate/up, activation, down,\n"
+           "residual; head: output norm and vocabulary projection; other: embedding, checks,\n"
+           "page reservation)\n");
+}
+
+static void json_parts(const bench_opts *o, const row *rows, int R) {
+    printf(",\"parts\":[");
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < o->n_methods; i++) {
+            const row *r = &rows[(size_t)k * o->n_methods + i];
+            printf("%s{\"method\":", k || i ? "," : "");
+            cli_json_str(stdout, o->method_names[i]);
+            printf(",\"depth\":%d,\"batch\":%d", r->depth, r->batch);
+            for (int p = 0; p < KKV_PART_COUNT; p++) {
+                printf(",\"%s_ms\":", kkv_model_part_name(p));
+                bench_json_num(stdout, r->part_s[p] * 1e3);
+            }
+            printf("}");
+        }
+    printf("]");
+}
+
 int bench_decode(int argc, char **argv) {
     bench_opts o;
     memset(&o, 0, sizeof o);
@@ -125,7 +170,7 @@ int bench_decode(int argc, char **argv) {
     if (bench_set_methods(&o, "fp16,kivi-k2v2,kitty,kitty-pro")) return 2;
     int rc = bench_parse(&o, argc, argv,
                          BO_MODEL | BO_DEPTH | BO_METHODS | BO_THREADS | BO_KERNEL | BO_N |
-                         BO_BATCH | BO_SCALING | BO_BW, usage);
+                         BO_BATCH | BO_SCALING | BO_PARTS | BO_BW, usage);
     if (rc) return rc < 0 ? 0 : rc;
     const int NB = o.n_batch, BMAX = o.batch[NB - 1];
     const int S = o.scaling && o.threads > 1 ? 2 : 1; /* runs per step: -t threads, then one */
@@ -177,12 +222,13 @@ int bench_decode(int argc, char **argv) {
     double *times = malloc((size_t)NB * M * (N + 1) * sizeof *times); /* [NB][M][N] wall s */
     double *cpu = malloc((size_t)NB * M * (N + 1) * sizeof *cpu);     /* [NB][M][N] CPU s */
     double *times1 = malloc((size_t)NB * M * (N + 1) * sizeof *times1); /* [NB][M][N] one thread */
+    double *parts = calloc((size_t)NB * M * KKV_PART_COUNT, sizeof *parts); /* [NB][M][parts] s, one depth */
     row *rows = malloc((size_t)o.n_list * NB * M * sizeof *rows);    /* [depths][NB][M] */
     int *bseqs = malloc((size_t)M * BMAX * sizeof *bseqs);           /* [M][BMAX] */
     int32_t *btok = malloc((size_t)BMAX * sizeof *btok);             /* [BMAX] */
     kkv_kernel used = KKV_KERNEL_AUTO;
     rc = 0;
-    if (!logits || !times || !cpu || !times1 || !rows || !bseqs || !btok ||
+    if (!logits || !times || !cpu || !times1 || !parts || !rows || !bseqs || !btok ||
         bench_synth_init(&g, sh.n_layers, sh.n_kv_heads, sh.head_dim, 42)) {
         fprintf(stderr, "kittykv " CMD ": out of memory\n");
         rc = 1;
@@ -243,12 +289,21 @@ int bench_decode(int argc, char **argv) {
                 for (int k = 0; k < M; k++) {
                     int i = bench_order(s, k, M);
                     const int *sq = bseqs + (size_t)i * BMAX;
+                    /* --parts: timed from zero for this step only */
+                    kkv_status st = o.parts && s > 0 ? kkv_model_profile(model, 1) : KKV_OK;
                     double t0 = cli_now(), c0 = bench_cpu_now();
-                    kkv_status st = step(model, caches[i], logits, sq, btok, B);
+                    if (st == KKV_OK) st = step(model, caches[i], logits, sq, btok, B);
                     size_t at = ((size_t)bi * M + i) * N + (s > 0 ? s - 1 : 0); /* s 0: warm-up, not kept */
                     if (st == KKV_OK && s > 0) {
                         times[at] = cli_now() - t0;
                         cpu[at] = bench_cpu_now() - c0;
+                    }
+                    if (st == KKV_OK && o.parts && s > 0) {
+                        double ps[KKV_PART_COUNT];
+                        st = kkv_model_profile_get(model, ps, NULL);
+                        if (st == KKV_OK) st = kkv_model_profile(model, 0);
+                        for (int p = 0; st == KKV_OK && p < KKV_PART_COUNT; p++)
+                            parts[((size_t)bi * M + i) * KKV_PART_COUNT + p] += ps[p];
                     }
                     if (st == KKV_OK && S > 1) { /* the same step on one thread */
                         st = use_pool(model, caches[i], tp1);
@@ -277,12 +332,17 @@ int bench_decode(int argc, char **argv) {
                     kkv_seq_mem(caches[i], &mb, bseqs[(size_t)i * BMAX + b]);
                     kv += (double)mb.total;
                 }
-                rows[((size_t)d * NB + bi) * M + i] =
-                    (row){depth, o.batch[bi], bench_median(t, N), bench_quantile(t, N, 0.25),
-                          bench_quantile(t, N, 0.75), bench_quantile(t, N, 0.0),
-                          bench_median(cpu + ((size_t)bi * M + i) * N, N), mem.bits_per_element,
-                          S > 1 ? bench_median(times1 + ((size_t)bi * M + i) * N, N) : 0.0,
-                          wbytes + kv};
+                row *r = &rows[((size_t)d * NB + bi) * M + i];
+                *r = (row){depth, o.batch[bi], bench_median(t, N), bench_quantile(t, N, 0.25),
+                           bench_quantile(t, N, 0.75), bench_quantile(t, N, 0.0),
+                           bench_median(cpu + ((size_t)bi * M + i) * N, N), mem.bits_per_element,
+                           S > 1 ? bench_median(times1 + ((size_t)bi * M + i) * N, N) : 0.0,
+                           wbytes + kv, {0}};
+                double *ps = parts + ((size_t)bi * M + i) * KKV_PART_COUNT;
+                for (int p = 0; p < KKV_PART_COUNT; p++) {
+                    r->part_s[p] = ps[p] / N;
+                    ps[p] = 0.0; /* for the next depth */
+                }
             }
     }
     free(fillc);
@@ -329,6 +389,7 @@ int bench_decode(int argc, char **argv) {
                "= batch / median CPU time of the step, all threads; roofline = MB/step / ms/step "
                "over the read bandwidth)\n", N);
         if (S > 1) print_scaling(&o, rows, R, bw, bw1);
+        if (o.parts) print_parts(&o, rows, R);
         if (o.json) {
             printf("{\"bench\":\"decode\",\"model\":");
             cli_json_str(stdout, info.name);
@@ -381,6 +442,7 @@ int bench_decode(int argc, char **argv) {
                 }
             printf("]");
             if (S > 1) json_scaling(&o, rows, R);
+            if (o.parts) json_parts(&o, rows, R);
             printf("}\n");
         }
     }
@@ -390,6 +452,7 @@ int bench_decode(int argc, char **argv) {
     free(times);
     free(cpu);
     free(times1);
+    free(parts);
     free(rows);
     free(bseqs);
     free(btok);

@@ -133,6 +133,9 @@ int bench_parse(bench_opts *o, int argc, char **argv, unsigned allowed,
         {BO_SCALING, {0, "scaling", OPT_FLAG, 0, 0, &o->scaling, NULL, NULL,
                        "also time every method on one thread, interleaved with the\n"
                        "-t runs, and print the speed-up of -t threads over one"}},
+        {BO_PARTS, {0, "parts", OPT_FLAG, 0, 0, &o->parts, NULL, NULL,
+                    "also print where the -t steps' time goes: Q/K/V, attention,\n"
+                    "output projection, FFN, head, other (kkv_model_profile)"}},
         {~0u, {0, "json", OPT_FLAG, 0, 0, &o->json, NULL, NULL,
                "also print one JSON object on the last line"}},
     };
