@@ -361,10 +361,11 @@ static kkv_status decode_batch_pass(kkv_model *m, kkv_cache *c, float *logits,
 /* The entry points: the passes above, timed when profiling (the argument
  * checks, the reservation and whatever follows the last layer count as
  * "other"). */
-kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
-                             const int32_t *tokens, int n, int all_logits) {
+static void prof_begin(kkv_model *m) {
     if (m && m->prof_on) m->prof_t = prof_now();
-    kkv_status s = forward_pass(m, c, logits, seq, tokens, n, all_logits);
+}
+
+static kkv_status prof_end(kkv_model *m, kkv_status s) {
     if (m && m->prof_on) {
         prof_mark(m, KKV_PART_OTHER);
         m->prof_passes++;
@@ -372,15 +373,16 @@ kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
     return s;
 }
 
+kkv_status kkv_model_forward(kkv_model *m, kkv_cache *c, float *logits, int seq,
+                             const int32_t *tokens, int n, int all_logits) {
+    prof_begin(m);
+    return prof_end(m, forward_pass(m, c, logits, seq, tokens, n, all_logits));
+}
+
 kkv_status kkv_model_decode_batch(kkv_model *m, kkv_cache *c, float *logits,
                                   const int *seqs, const int32_t *tokens, int n) {
-    if (m && m->prof_on) m->prof_t = prof_now();
-    kkv_status s = decode_batch_pass(m, c, logits, seqs, tokens, n);
-    if (m && m->prof_on) {
-        prof_mark(m, KKV_PART_OTHER);
-        m->prof_passes++;
-    }
-    return s;
+    prof_begin(m);
+    return prof_end(m, decode_batch_pass(m, c, logits, seqs, tokens, n));
 }
 
 kkv_status kkv_model_profile(kkv_model *m, int enable) {
