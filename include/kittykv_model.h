@@ -169,10 +169,12 @@ typedef enum kkv_model_part {
  * pass computes the same bits either way. */
 kkv_status kkv_model_profile(kkv_model *m, int enable);
 /* Wall seconds spent in each part since profiling last started, summed over
- * the passes timed: seconds [KKV_PART_COUNT]; *passes: how many passes (may
- * be NULL). The parts add up to the passes' wall time. Zeros when profiling
- * never started. */
-kkv_status kkv_model_profile_get(const kkv_model *m, double *seconds, int64_t *passes);
+ * the passes timed: seconds [n] gets parts 0..n-1 (n is the caller's
+ * KKV_PART_COUNT, so a library with more parts never writes past it; parts
+ * this library lacks read 0); *passes: how many passes (may be NULL). The
+ * parts add up to the passes' wall time. Zeros when profiling never started.
+ * KKV_ERR_INVALID_ARG for NULL m or seconds, or n < 0. */
+kkv_status kkv_model_profile_get(const kkv_model *m, double *seconds, int n, int64_t *passes);
 /* A short name of a part ("qkv", "attention", "out_proj", "ffn", "head",
  * "other"), or "?" for a number outside 0..KKV_PART_COUNT-1. Static. */
 const char *kkv_model_part_name(int part);

@@ -577,7 +577,7 @@ static void test_profile(const int32_t *prompt) {
     }
     double sec[KKV_PART_COUNT];
     int64_t passes = -1;
-    CHECK(kkv_model_profile_get(g_m, sec, &passes) == KKV_OK && passes == 0,
+    CHECK(kkv_model_profile_get(g_m, sec, KKV_PART_COUNT, &passes) == KKV_OK && passes == 0,
           "never started: %lld passes", (long long)passes);
     CHECK(kkv_model_forward(g_m, c, l0, a, prompt, 30, 0) == KKV_OK, "a: %s", kkv_last_error());
     CHECK(kkv_model_profile(g_m, 1) == KKV_OK, "start: %s", kkv_last_error());
@@ -585,7 +585,7 @@ static void test_profile(const int32_t *prompt) {
     CHECK(kkv_model_forward(g_m, c, l1, b, prompt, 30, 0) == KKV_OK, "b: %s", kkv_last_error());
     double wall = now_s() - t0;
     CHECK(!memcmp(l0, l1, V() * 4), "profiling changed the logits");
-    CHECK(kkv_model_profile_get(g_m, sec, &passes) == KKV_OK && passes == 1, "%lld passes after one",
+    CHECK(kkv_model_profile_get(g_m, sec, KKV_PART_COUNT, &passes) == KKV_OK && passes == 1, "%lld passes after one",
           (long long)passes);
     double sum = 0.0;
     for (int p = 0; p < KKV_PART_COUNT; p++) {
@@ -601,20 +601,28 @@ static void test_profile(const int32_t *prompt) {
     CHECK(kkv_model_decode_batch(g_m, c, l1, &b, &tok, 1) == KKV_OK, "step: %s", kkv_last_error());
     CHECK(kkv_model_profile(g_m, 0) == KKV_OK, "stop: %s", kkv_last_error());
     double sec2[KKV_PART_COUNT];
-    CHECK(kkv_model_profile_get(g_m, sec2, &passes) == KKV_OK && passes == 2 && sec2[KKV_PART_FFN] > sec[KKV_PART_FFN],
+    CHECK(kkv_model_profile_get(g_m, sec2, KKV_PART_COUNT, &passes) == KKV_OK && passes == 2 && sec2[KKV_PART_FFN] > sec[KKV_PART_FFN],
           "after a decode step: %lld passes, ffn %g -> %g s", (long long)passes, sec[KKV_PART_FFN], sec2[KKV_PART_FFN]);
     CHECK(kkv_model_forward(g_m, c, l1, a, &tok, 1, 0) == KKV_OK, "a step: %s", kkv_last_error());
-    CHECK(kkv_model_profile_get(g_m, sec, &passes) == KKV_OK && passes == 2 && !memcmp(sec, sec2, sizeof sec),
+    CHECK(kkv_model_profile_get(g_m, sec, KKV_PART_COUNT, &passes) == KKV_OK && passes == 2 && !memcmp(sec, sec2, sizeof sec),
           "a pass after stopping was timed");
-    CHECK(kkv_model_profile(g_m, 1) == KKV_OK && kkv_model_profile_get(g_m, sec, NULL) == KKV_OK &&
+    CHECK(kkv_model_profile(g_m, 1) == KKV_OK && kkv_model_profile_get(g_m, sec, KKV_PART_COUNT, NULL) == KKV_OK &&
               sec[KKV_PART_FFN] == 0.0,
           "a restart kept the totals");
     CHECK(kkv_model_profile(g_m, 0) == KKV_OK, "stop: %s", kkv_last_error());
     /* refusals and names */
     CHECK(kkv_model_profile(NULL, 1) == KKV_ERR_INVALID_ARG && kkv_model_profile(g_m, 2) == KKV_ERR_INVALID_ARG &&
-              kkv_model_profile_get(NULL, sec, NULL) == KKV_ERR_INVALID_ARG &&
-              kkv_model_profile_get(g_m, NULL, NULL) == KKV_ERR_INVALID_ARG,
+              kkv_model_profile_get(NULL, sec, KKV_PART_COUNT, NULL) == KKV_ERR_INVALID_ARG &&
+              kkv_model_profile_get(g_m, NULL, KKV_PART_COUNT, NULL) == KKV_ERR_INVALID_ARG &&
+              kkv_model_profile_get(g_m, sec, -1, NULL) == KKV_ERR_INVALID_ARG,
           "bad profile arguments accepted");
+    /* a caller built for fewer parts gets those only; one built for more gets zeros past ours */
+    double few[3] = {-1, -1, -1}, more[KKV_PART_COUNT + 2];
+    for (int p = 0; p < KKV_PART_COUNT + 2; p++) more[p] = -1;
+    CHECK(kkv_model_profile_get(g_m, few, 2, NULL) == KKV_OK && few[2] == -1 &&
+              kkv_model_profile_get(g_m, more, KKV_PART_COUNT + 2, NULL) == KKV_OK &&
+              more[KKV_PART_COUNT] == 0.0 && more[KKV_PART_COUNT + 1] == 0.0,
+          "profile_get's part count not honoured");
     CHECK(!strcmp(kkv_model_part_name(KKV_PART_QKV), "qkv") && !strcmp(kkv_model_part_name(KKV_PART_OTHER), "other") &&
               !strcmp(kkv_model_part_name(-1), "?") && !strcmp(kkv_model_part_name(KKV_PART_COUNT), "?"),
           "part names");

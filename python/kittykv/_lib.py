@@ -255,7 +255,7 @@ _decl(model, "kkv_model_set_exact_matmul", st, c_void_p, c_int)
 model_fingerprint = _opt(model, "kkv_model_fingerprint", c_uint64, c_void_p)
 model_decode_bytes = _opt(model, "kkv_model_decode_bytes", c_uint64, c_void_p)
 model_profile = _opt(model, "kkv_model_profile", st, c_void_p, c_int)
-model_profile_get = _opt(model, "kkv_model_profile_get", st, c_void_p, POINTER(c_double),
+model_profile_get = _opt(model, "kkv_model_profile_get", st, c_void_p, POINTER(c_double), c_int,
                          POINTER(c_int64))
 model_part_name = _opt(model, "kkv_model_part_name", c_char_p, c_int)
 MODEL_PARTS = ("qkv", "attention", "out_proj", "ffn", "head", "other")  # kkv_model_part order

@@ -124,7 +124,7 @@ class Model(Handle):
         sec = (ctypes.c_double * len(_lib.MODEL_PARTS))()
         passes = ctypes.c_int64(0)
         with self._use() as m:
-            check(_lib.model_profile_get(m, sec, ctypes.byref(passes)), "profile_times")
+            check(_lib.model_profile_get(m, sec, len(sec), ctypes.byref(passes)), "profile_times")
         return dict(zip(_lib.MODEL_PARTS, list(sec))), int(passes.value)
 
     n_vocab = property(lambda self: self._info.n_vocab)

@@ -397,10 +397,11 @@ kkv_status kkv_model_profile(kkv_model *m, int enable) {
     return KKV_OK;
 }
 
-kkv_status kkv_model_profile_get(const kkv_model *m, double *seconds, int64_t *passes) {
+kkv_status kkv_model_profile_get(const kkv_model *m, double *seconds, int n, int64_t *passes) {
     if (!m || !seconds)
         return kkv_fail(KKV_ERR_INVALID_ARG, "profile: NULL %s", !m ? "model" : "seconds");
-    memcpy(seconds, m->prof_s, sizeof m->prof_s);
+    if (n < 0) return kkv_fail(KKV_ERR_INVALID_ARG, "profile: %d parts asked for", n);
+    for (int i = 0; i < n; i++) seconds[i] = i < KKV_PART_COUNT ? m->prof_s[i] : 0.0;
     if (passes) *passes = m->prof_passes;
     return KKV_OK;
 }

@@ -300,7 +300,7 @@ int bench_decode(int argc, char **argv) {
                     }
                     if (st == KKV_OK && o.parts && s > 0) {
                         double ps[KKV_PART_COUNT];
-                        st = kkv_model_profile_get(model, ps, NULL);
+                        st = kkv_model_profile_get(model, ps, KKV_PART_COUNT, NULL);
                         if (st == KKV_OK) st = kkv_model_profile(model, 0);
                         for (int p = 0; st == KKV_OK && p < KKV_PART_COUNT; p++)
                             parts[((size_t)bi * M + i) * KKV_PART_COUNT + p] += ps[p];
