@@ -258,7 +258,9 @@ model_profile = _opt(model, "kkv_model_profile", st, c_void_p, c_int)
 model_profile_get = _opt(model, "kkv_model_profile_get", st, c_void_p, POINTER(c_double), c_int,
                          POINTER(c_int64))
 model_part_name = _opt(model, "kkv_model_part_name", c_char_p, c_int)
-MODEL_PARTS = ("qkv", "attention", "out_proj", "ffn", "head", "other")  # kkv_model_part order
+MODEL_PART_COUNT = 6  # KKV_PART_COUNT of the header this binding mirrors
+MODEL_PARTS = (tuple(model_part_name(i).decode() for i in range(MODEL_PART_COUNT))
+               if model_part_name is not None else ())  # names from the library, in part order
 _decl(model, "kkv_model_cache_config", CacheConfig, c_void_p, POINTER(Method), c_size_t)
 _decl(model, "kkv_model_forward", st, c_void_p, c_void_p, F32P, c_int, I32P, c_int, c_int)
 _decl(model, "kkv_tokenize_alloc", st, c_void_p, POINTER(POINTER(c_int32)), POINTER(c_int), c_char_p,

@@ -40,8 +40,9 @@ static void usage(FILE *f) {
             "read bandwidth of -t threads, measured before and after the steps (best, on\n"
             "2 MiB or 4 KiB pages).\n"
             "With --parts each -t step is also cut into the parts of the forward pass\n"
-            "(kkv_model_profile: wall time of the caller); the table gives each part's mean\n"
-            "ms per step and its share, per method and depth.\n"
+            "(kkv_model_profile: wall time of the caller; its clock reads, ~5 a layer, fall\n"
+            "inside the timed steps); the table gives each part's mean ms per step and its\n"
+            "share, per method and depth.\n"
             "Default model: %s\n",
             cli_default_model());
 }

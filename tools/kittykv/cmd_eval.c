@@ -86,12 +86,6 @@ static int parse(opts *o, int argc, char **argv) {
     return 0;
 }
 
-/* The KLD mean's 95% interval half-width (the run keeps every method's
- * per-position KL); NaN where it is undefined (one scored position). */
-static double kld_ci95(const kkv_eval_result *r) {
-    return kkv_mean_ci95(r->kld, r->scored);
-}
-
 static void print_table(const cli_spec *specs, const kkv_eval_result *res, int n,
                         const kkv_eval_result *ref, int n_tokens, int score_from) {
     printf("tokens %d, scored %ld (positions %d..%d), fp16 perplexity %.4f\n\n", n_tokens,
@@ -101,7 +95,7 @@ static void print_table(const cli_spec *specs, const kkv_eval_result *res, int n
     for (int i = 0; i < n; i++) {
         const kkv_eval_result *r = &res[i];
         printf("%-28s %9.4f %+8.2f %9.5f %8.5f %9.5f %9.4f %7.4f %7.3f %11llu %8.1f\n", specs[i].name,
-               r->ppl, r->dppl_pct, r->kld_mean, kld_ci95(r), r->kld_p99, r->kld_max, r->top1,
+               r->ppl, r->dppl_pct, r->kld_mean, kkv_mean_ci95(r->kld, r->scored), r->kld_p99, r->kld_max, r->top1,
                r->mem.bits_per_element, (unsigned long long)r->mem.total, r->seconds);
     }
     printf("\n(+-95%%: half-width of the KLD mean's 95%% confidence interval for text like this,\n"
@@ -122,7 +116,8 @@ static void print_json(const opts *o, const kkv_model_info *info, const cli_spec
         const kkv_eval_result *r = &res[i];
         printf("%s{\"name\":", i ? "," : "");
         cli_json_str(stdout, specs[i].name);
-        double ci = kld_ci95(r);
+        /* the run keeps every method's per-position KL; NaN (null) for one position */
+        double ci = kkv_mean_ci95(r->kld, r->scored);
         printf(",\"ppl\":%.17g,\"dppl_pct\":%.17g,\"kld_mean\":%.17g,\"kld_ci95\":", r->ppl, r->dppl_pct,
                r->kld_mean);
         if (isfinite(ci)) printf("%.17g", ci);
