@@ -15,6 +15,9 @@
 #include "kittykv.h"
 #include "testutil.h"
 
+#define XXH_INLINE_ALL /* the state's checksum, re-signed after a corruption */
+#include <xxhash.h>
+
 enum { L = 2, H = 2, D = 16, NQ = 4 };
 
 static kkv_method meth(const char *name, int small, int eager) {
@@ -597,6 +600,91 @@ static void test_state(const kkv_method *m, const char *what, int T, int exhaust
     kkv_cache_free(c);
 }
 
+/* Copies of state st that c takes before a load fails; each freed again.
+ * *last: the failing load's status. */
+static int fill_count(kkv_cache *c, const uint8_t *st, size_t n, kkv_status *last) {
+    int ids[64], k = 0;
+    *last = KKV_OK;
+    while (k < 64 && (*last = kkv_seq_load(c, &ids[k], st, n, 0x1234abcdull, NULL, 0, NULL)) == KKV_OK) k++;
+    for (int i = 0; i < k; i++) kkv_seq_free(c, ids[i]);
+    return k;
+}
+
+/* Corruptions the checksum cannot see, as a buggy writer or a hostile file
+ * gives them: two bytes at a time (on a stride) set to 0x7FFF, an fp16 NaN
+ * where they land on a scale, a minimum, a sink or a tail, an out-of-range
+ * rank in a key page's index, an absurd count in the layer table, and the
+ * XXH3 re-signed. (test_state's flips all stop at the checksum.) The loader
+ * checks the page contents after it has taken the sequence's pool pages, so
+ * each refusal must give them back: a leaked page would leave c->used alone
+ * but hold a slot, so the test also fills the pool with good copies before
+ * and after the sweep and wants the same number. */
+static void test_resigned(const kkv_method *m, const char *what, int T, size_t stride) {
+    kkv_cache *c = mk(m, 32u << 20);
+    if (!c) return;
+    int s;
+    kkv_seq_add(c, &s);
+    feed(c, s, 0, T, NULL);
+    kkv_state_meta meta = {0x1234abcdull, NULL, 0};
+    size_t n;
+    uint8_t *st = save(c, s, &meta, &n);
+    kkv_mem mem;
+    kkv_seq_mem(c, &mem, s);
+    kkv_cache_config cfg = *kkv_cache_get_config(c);
+    kkv_cache_free(c);
+    cfg.pool_bytes = 3 * mem.capacity + mem.capacity / 2; /* three copies fit, not four */
+    c = NULL;
+    CHECK(kkv_cache_create(&c, &cfg) == KKV_OK, "%s: create: %s", what, kkv_last_error());
+    if (!c) {
+        free(st);
+        return;
+    }
+    kkv_status last;
+    int fill0 = fill_count(c, st, n, &last);
+    CHECK(fill0 == 3 && last == KKV_ERR_POOL_FULL, "%s: %d copies fit (status %d)", what, fill0, (int)last);
+    uint64_t fb = kkv_cache_free_bytes(c);
+    uint8_t *bad = malloc(n);
+    int refused = 0, accepted = 0, nonfinite = 0, index = 0, counts = 0;
+    for (size_t i = 0; i + 10 <= n; i += stride) {
+        memcpy(bad, st, n);
+        bad[i] = 0xFF, bad[i + 1] = 0x7F;
+        uint64_t h = XXH3_64bits(bad, n - 8);
+        for (int b = 0; b < 8; b++) bad[n - 8 + b] = (uint8_t)(h >> (8 * b));
+        int x = -5;
+        kkv_status r = kkv_seq_load(c, &x, bad, n, 0x1234abcdull, NULL, 0, NULL);
+        if (r == KKV_OK) { /* code bytes: any value is a valid code */
+            accepted++;
+            kkv_seq_free(c, x);
+        } else {
+            const char *e = kkv_last_error();
+            refused++;
+            nonfinite += strstr(e, "non-finite") != NULL;
+            index += strstr(e, "index") != NULL;
+            counts += strstr(e, "layer counts") != NULL || strstr(e, "longer than") != NULL;
+            if ((r != KKV_ERR_FORMAT && r != KKV_ERR_POOL_FULL) || x != -5 || !*e || strchr(e, '\n')) {
+                CHECK(0, "%s: 0x7FFF at byte %zu: status %d (%s)", what, i, (int)r, e);
+                break;
+            }
+        }
+        if (kkv_cache_free_bytes(c) != fb) {
+            CHECK(0, "%s: 0x7FFF at byte %zu changed the free bytes (status %d)", what, i, (int)r);
+            break;
+        }
+    }
+    int fill1 = fill_count(c, st, n, &last);
+    CHECK(fill1 == fill0 && last == KKV_ERR_POOL_FULL && kkv_cache_free_bytes(c) == fb,
+          "%s: %d copies fit after the sweep, %d before: pages leaked", what, fill1, fill0);
+    /* the checks behind the page contents ran: the sink's, tails' and
+     * scales' NaN everywhere; an index only where keys have one */
+    CHECK(refused > 0 && nonfinite > 0 && counts > 0, "%s: %d refused (%d non-finite, %d counts)", what,
+          refused, nonfinite, counts);
+    if (!m->fp16 && m->key_bits != 8) CHECK(index > 0, "%s: no index refusal", what);
+    if (!m->fp16) CHECK(accepted > 0, "%s: no code byte accepted", what);
+    free(bad);
+    free(st);
+    kkv_cache_free(c);
+}
+
 /* Seeds for tests/fuzz/fuzz_state (its cache shape): KKV_FUZZ_CORPUS=dir. */
 static void write_corpus(const char *dir) {
     const int lens[] = {0, 3, 17, 40};
@@ -755,6 +843,8 @@ int main(void) {
             test_state(&m, names[mi], 61, mi == 0);
             kkv_method big = meth(names[mi], 0, eager);
             test_state(&big, names[mi], 300, 0);
+            test_resigned(&m, names[mi], 61, 1);
+            test_resigned(&big, names[mi], 300, 7);
         }
     return tu_summary();
 }
