@@ -443,9 +443,10 @@ kkv_status kkv_gguf_open(kkv_gguf **out, const char *path) {
         return kkv_fail(KKV_ERR_IO, "gguf: cannot map '%s': %s", shown, strerror(map_errno));
     kkv_gguf *g;
     kkv_status s = kkv_gguf_parse(&g, map, size);
-    if (s != KKV_OK) {
+    if (s != KKV_OK) { /* the parser's message, with the file it is about */
         munmap(map, size);
-        return s;
+        const char *e = kkv_last_error();
+        return kkv_fail(s, "gguf: '%s': %s", shown, strncmp(e, "gguf: ", 6) ? e : e + 6);
     }
     g->map = map;
     *out = g;

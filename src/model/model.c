@@ -306,9 +306,11 @@ static kkv_status load_tensors(kkv_model *m) {
         if (!m->qk_norm && L->q_norm)
             return kkv_fail(KKV_ERR_UNSUPPORTED, "model: attn_q_norm in a '%s' model (only qwen3 "
                             "and gemma3 have per-head QK norms)", in->arch);
+        /* the architecture's own: without them the layer would run, wrongly
+         * (llama.cpp requires them too) */
+        if (m->qk_norm && !L->q_norm)
+            return kkv_fail(KKV_ERR_FORMAT, "model: missing tensor 'blk.%d.attn_q_norm.weight'", l);
         if (m->gemma) {
-            if (!L->q_norm)
-                return kkv_fail(KKV_ERR_FORMAT, "model: missing tensor 'blk.%d.attn_q_norm.weight'", l);
             snprintf(name, sizeof name, "blk.%d.post_attention_norm.weight", l);
             KKV_TRY(get_norm(g, &L->post_attn_norm, name, in->n_embd));
             snprintf(name, sizeof name, "blk.%d.post_ffw_norm.weight", l);

@@ -137,14 +137,31 @@ def llama3_factors(np, dims, base, factor=8.0, low=1.0, high=4.0, orig=32):
     return np.asarray(out, dtype=np.float32)
 
 
-def write_model(path, arch, rng, np, gguf, chat_template=None, bos="<|endoftext|>", eos="<|im_end|>"):
-    """One of the test models (see the module docstring)."""
+def write_model(path, arch, rng, np, gguf, chat_template=None, bos="<|endoftext|>", eos="<|im_end|>",
+                dims=None, edit=None, hook=None):
+    """One of the test models (see the module docstring). For the refusal
+    tests (test_model_refusals.py): dims overrides E, NH, NKV, L, HD, FF;
+    edit(name, array) returns the tensor to write instead (None: leave it
+    out; a pair (bytes, type): raw bytes of that GGML type); hook(w) runs
+    before the header is written (metadata to change)."""
     GT = gguf.GGMLQuantizationType
-    E, NH, NKV, L = 64, 4, 2, 2
-    HD = 32 if arch == "qwen3" else 16
-    FF = 256
+    d = dict(E=64, NH=4, NKV=2, L=2, HD=32 if arch == "qwen3" else 16, FF=256)
+    d.update(dims or {})
+    E, NH, NKV, L, HD, FF = d["E"], d["NH"], d["NKV"], d["L"], d["HD"], d["FF"]
     a = "llama" if arch.startswith("llama") else arch
     w = gguf.GGUFWriter(path, a)
+
+    def add(name, arr, raw_dtype=None):
+        if edit is not None:
+            arr = edit(name, arr)
+            if arr is None:
+                return
+            if isinstance(arr, tuple):
+                arr, raw_dtype = arr
+        if raw_dtype is None:
+            w.add_tensor(name, arr)
+        else:
+            w.add_tensor(name, arr, raw_dtype=raw_dtype)
     w.add_name(f"kkv-test-{arch}")
     w.add_block_count(L)
     w.add_context_length(4096)
@@ -172,45 +189,46 @@ def write_model(path, arch, rng, np, gguf, chat_template=None, bos="<|endoftext|
 
     def put(name, m, qt):
         if qt in (GT.F32, GT.F16):
-            w.add_tensor(name, m.astype(np.float32 if qt == GT.F32 else np.float16))
+            add(name, m.astype(np.float32 if qt == GT.F32 else np.float16))
         else:
-            w.add_tensor(name, gguf.quants.quantize(m, qt), raw_dtype=qt)
+            add(name, gguf.quants.quantize(m, qt), raw_dtype=qt)
 
     put("token_embd.weight", rng.normal(0, 1, size=(V, E)).astype(np.float32), GT.F16)
     if arch != "qwen2":
         put("output.weight", mat(V, E, 4.0), GT.Q8_0 if arch == "qwen3" else GT.F16)
-    w.add_tensor("output_norm.weight", vec(E))
+    add("output_norm.weight", vec(E))
     if arch == "llama3":
-        w.add_tensor("rope_freqs.weight", llama3_factors(np, HD, base))
+        add("rope_freqs.weight", llama3_factors(np, HD, base))
     for i in range(L):
         p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", vec(E))
-        w.add_tensor(p + "ffn_norm.weight", vec(E))
+        add(p + "attn_norm.weight", vec(E))
+        add(p + "ffn_norm.weight", vec(E))
         put(p + "attn_q.weight", mat(NH * HD, E, 2.0), GT.Q8_0 if arch == "qwen2" else GT.F16)
         put(p + "attn_k.weight", mat(NKV * HD, E, 2.0), GT.F16)
         put(p + "attn_v.weight", mat(NKV * HD, E), GT.F16)
         if arch == "qwen3":
-            w.add_tensor(p + "attn_output.weight", gguf.quants.quantize(mat(E, NH * HD), GT.BF16),
-                         raw_dtype=GT.BF16)
-            w.add_tensor(p + "attn_q_norm.weight", vec(HD, 1.0, 0.3))
-            w.add_tensor(p + "attn_k_norm.weight", vec(HD, 1.0, 0.3))
+            add(p + "attn_output.weight", gguf.quants.quantize(mat(E, NH * HD), GT.BF16), raw_dtype=GT.BF16)
+            add(p + "attn_q_norm.weight", vec(HD, 1.0, 0.3))
+            add(p + "attn_k_norm.weight", vec(HD, 1.0, 0.3))
         else:
             put(p + "attn_output.weight", mat(E, NH * HD), GT.F16)
         if arch == "qwen2":
-            w.add_tensor(p + "attn_q.bias", rng.normal(0, 0.5, NH * HD).astype(np.float32))
-            w.add_tensor(p + "attn_k.bias", rng.normal(0, 0.5, NKV * HD).astype(np.float32))
-            w.add_tensor(p + "attn_v.bias", rng.normal(0, 0.5, NKV * HD).astype(np.float32))
+            add(p + "attn_q.bias", rng.normal(0, 0.5, NH * HD).astype(np.float32))
+            add(p + "attn_k.bias", rng.normal(0, 0.5, NKV * HD).astype(np.float32))
+            add(p + "attn_v.bias", rng.normal(0, 0.5, NKV * HD).astype(np.float32))
         put(p + "ffn_gate.weight", mat(FF, E), GT.F16)
         if arch == "qwen3":
             put(p + "ffn_up.weight", mat(FF, E), GT.Q5_0)
-            w.add_tensor(p + "ffn_down.weight", rand_q4k(rng, np, E, FF), raw_dtype=GT.Q4_K)
+            add(p + "ffn_down.weight", rand_q4k(rng, np, E, FF), raw_dtype=GT.Q4_K)
         elif arch == "llama-linear":
             put(p + "ffn_up.weight", mat(FF, E), GT.Q5_1)
-            w.add_tensor(p + "ffn_down.weight", rand_k(rng, np, GT.Q5_K if i == 0 else GT.Q6_K, E, FF, gguf),
-                         raw_dtype=GT.Q5_K if i == 0 else GT.Q6_K)
+            add(p + "ffn_down.weight", rand_k(rng, np, GT.Q5_K if i == 0 else GT.Q6_K, E, FF, gguf),
+                raw_dtype=GT.Q5_K if i == 0 else GT.Q6_K)
         else:
             put(p + "ffn_up.weight", mat(FF, E), GT.F16)
             put(p + "ffn_down.weight", mat(E, FF), GT.F16)
+    if hook is not None:
+        hook(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
