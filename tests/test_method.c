@@ -102,6 +102,40 @@ static void test_rejects(void) {
     CHECK(kkv_method_parse(&m, NULL) == KKV_ERR_INVALID_ARG, "NULL spec");
 }
 
+/* kkv_method_check on structs no spec produces (the C API's callers fill
+ * kkv_method themselves): each refused with its own one-line reason, while
+ * the unchanged base passes, so the refusal is the changed field's. */
+static void test_struct_rejects(void) {
+    kkv_method kitty, k8;
+    CHECK(kkv_method_parse(&kitty, "kitty") == KKV_OK && kkv_method_parse(&k8, "kivi-k8v8") == KKV_OK,
+          "parse: %s", kkv_last_error());
+    CHECK(kkv_method_check(&kitty, 64) == KKV_OK && kkv_method_check(&k8, 64) == KKV_OK,
+          "bases: %s", kkv_last_error());
+    const char *why[] = {"8-bit values have no range search", "pairs, clip and value_clip are 0 or 1",
+                         "pairs, clip and value_clip are 0 or 1", "budget needs 0 < alpha < 1",
+                         "budget needs 0 < alpha < 1", "budget needs 0 < alpha < 1",
+                         "sink_int8 and window_int8 are 0 or 1", "sink_int8 and window_int8 are 0 or 1",
+                         "unknown budget"};
+    for (int i = 0; i < (int)(sizeof why / sizeof why[0]); i++) {
+        kkv_method m = i == 0 ? k8 : kitty;
+        switch (i) {
+        case 0: m.value_clip = 1; break;
+        case 1: m.pairs = 2; break;
+        case 2: m.value_clip = -1; break;
+        case 3: m.budget = KKV_BUDGET_HEAD, m.alpha = 1.0f; break;
+        case 4: m.budget = KKV_BUDGET_ERR, m.select = KKV_SELECT_RANDOM; break;
+        case 5: m.budget = KKV_BUDGET_HEAD, m.select = KKV_SELECT_EXPLICIT; break;
+        case 6: m.sink_int8 = 2; break;
+        case 7: m.window_int8 = 3; break;
+        default: m.budget = (kkv_budget)(KKV_BUDGET_ERR + 1); break;
+        }
+        kkv_status st = kkv_method_check(&m, 64);
+        const char *e = kkv_last_error();
+        CHECK(st == KKV_ERR_INVALID_ARG && strstr(e, why[i]) && !strchr(e, '\n'),
+              "case %d: status %d, '%s' (want '%s')", i, (int)st, e, why[i]);
+    }
+}
+
 static void test_rng_argmax(void) {
     uint64_t a = 7, b = 7;
     for (int i = 0; i < 100; i++) CHECK(kkv_rng_next(&a) == kkv_rng_next(&b), "rng not pure");
@@ -123,6 +157,7 @@ int main(void) {
     test_names();
     test_round_trip();
     test_rejects();
+    test_struct_rejects();
     test_rng_argmax();
     return tu_summary();
 }

@@ -134,6 +134,37 @@ static void equality(const char *spec, int D, int G, int S, int W, int T, int ev
         CHECK(held_pages(a, sa, D, G) == in.key_pages - drop, "%s W %d: %d key pages held, "
               "want %d - %d", spec, W, held_pages(a, sa, D, G), in.key_pages, drop);
         CHECK(max_held <= W / G + 4, "%s W %d: up to %d pages held", spec, W, max_held);
+        /* read-back: the released pages' tokens read as zeros, the rest as
+         * the twin's; a released key page itself is refused by name */
+        int zero_bad = 0, same_bad = 0;
+        float *ak = malloc((size_t)T * D * sizeof *ak), *av = malloc((size_t)T * D * sizeof *av);
+        for (int kh = 0; kh < H; kh++) {
+            float *bk = rk + (size_t)kh * T * D, *bv = rv + (size_t)kh * T * D;
+            CHECK(kkv_seq_read(a, ak, av, sa, 0, kh) == KKV_OK && kkv_seq_read(b, bk, bv, sb, 0, kh) == KKV_OK,
+                  "%s: read: %s", spec, kkv_last_error());
+            for (int t = 0; t < T; t++) {
+                const float *ka = ak + (size_t)t * D, *va = av + (size_t)t * D;
+                int released = t >= S && t < S + drop * G, zero = 1;
+                for (int j = 0; j < D; j++) zero &= ka[j] == 0.0f && va[j] == 0.0f;
+                int same = !memcmp(ka, bk + (size_t)t * D, (size_t)D * sizeof *ka) &&
+                           !memcmp(va, bv + (size_t)t * D, (size_t)D * sizeof *va);
+                zero_bad += released && !zero;
+                same_bad += !released && !same && !(t < S && zero); /* a released sink reads 0 too */
+            }
+        }
+        CHECK(!zero_bad && !same_bad, "%s W %d: %d released rows not zero, %d kept rows not the twin's",
+              spec, W, zero_bad, same_bad);
+        free(ak), free(av);
+        if (drop > 0) {
+            uint8_t pg[1 << 16];
+            CHECK(kkv_seq_key_page(a, pg, sizeof pg, sa, 0, 0, 0) == KKV_ERR_NOT_FOUND &&
+                      strstr(kkv_last_error(), "released"), "%s: released page 0: %s", spec, kkv_last_error());
+            CHECK(kkv_seq_key_page_boost(a, sa, 0, 0, 0) == -1, "%s: boost of a released page", spec);
+            CHECK(kkv_seq_key_page(a, pg, sizeof pg, sa, 0, 0, drop) == KKV_OK, "%s: page %d: %s", spec,
+                  drop, kkv_last_error());
+        }
+        CHECK(kkv_seq_get_info(a, &in, sa, L) == KKV_ERR_INVALID_ARG &&
+                  kkv_seq_get_info(a, &in, sa, -1) == KKV_ERR_INVALID_ARG, "%s: seq_info of layer %d", spec, L);
     }
     kkv_mem ma, mb;
     kkv_seq_mem(a, &ma, sa);
