@@ -25,6 +25,7 @@
 
 #include "kittykv.h"
 #include "kittykv_cpu.h"
+#include "kittykv_eval.h"
 #include "kittykv_model.h"
 #include "core/cpu.h"
 #include "model/ops.h"
@@ -734,6 +735,52 @@ static void test_fork_state(const int32_t *prompt) {
     }
 }
 
+/* kkv_eval_run and kkv_passkey_run refuse, before any forward pass, what the
+ * CLI's own checks keep from them (a C caller gets no such help): NULL
+ * arguments, bad counts, a NULL, unknown, duplicate or select=oracle spec,
+ * lengths and depths out of range. Each a one-line message naming it. */
+static void expect_refusal(kkv_status st, const char *word, const char *what) {
+    const char *e = kkv_last_error();
+    CHECK(st == KKV_ERR_INVALID_ARG && strstr(e, word) && !strchr(e, '\n'), "%s: status %d, '%s'", what,
+          (int)st, e);
+}
+
+static void test_eval_refusals(const int32_t *prompt) {
+    kkv_eval_config cfg = kkv_eval_defaults();
+    cfg.n_tokens = 16;
+    cfg.score_from = 8;
+    kkv_eval_result res[2];
+    const char *dup[] = {"kitty", "kitty"}, *oracle[] = {"kitty:select=oracle"}, *null_spec[] = {NULL},
+               *unknown[] = {"kitty-max"};
+    expect_refusal(kkv_eval_run(res, NULL, NULL, prompt, &cfg, dup, 1), "NULL argument", "eval: no model");
+    expect_refusal(kkv_eval_run(res, NULL, g_m, prompt, &cfg, dup, -1), "negative spec count", "eval: -1 specs");
+    expect_refusal(kkv_eval_run(res, NULL, g_m, prompt, &cfg, dup, 2), "listed twice", "eval: duplicate");
+    expect_refusal(kkv_eval_run(res, NULL, g_m, prompt, &cfg, oracle, 1), "select=oracle", "eval: oracle");
+    expect_refusal(kkv_eval_run(res, NULL, g_m, prompt, &cfg, null_spec, 1), "NULL or too long", "eval: NULL spec");
+    CHECK(kkv_eval_run(res, NULL, g_m, prompt, &cfg, unknown, 1) == KKV_ERR_NOT_FOUND, "eval: unknown method");
+    cfg.score_from = 16;
+    expect_refusal(kkv_eval_run(res, NULL, g_m, prompt, &cfg, dup, 1), "score_from", "eval: nothing to score");
+
+    kkv_passkey_config pk = kkv_passkey_defaults();
+    kkv_passkey_cell cells[16];
+    const int zero_len[] = {0};
+    const float deep[] = {1.5f}, nan_depth[] = {NAN};
+    expect_refusal(kkv_passkey_run(cells, NULL, &pk, dup, 1), "NULL argument", "passkey: no model");
+    expect_refusal(kkv_passkey_run(cells, g_m, &pk, null_spec, 1), "NULL spec", "passkey: NULL spec");
+    expect_refusal(kkv_passkey_run(cells, g_m, &pk, oracle, 1), "select=oracle", "passkey: oracle");
+    kkv_passkey_config bad = pk;
+    bad.trials = 0;
+    expect_refusal(kkv_passkey_run(cells, g_m, &bad, dup, 1), "trials", "passkey: 0 trials");
+    bad = pk;
+    bad.lengths = zero_len, bad.n_lengths = 1;
+    expect_refusal(kkv_passkey_run(cells, g_m, &bad, dup, 1), "length 0", "passkey: length 0");
+    bad = pk;
+    bad.depths = deep, bad.n_depths = 1;
+    expect_refusal(kkv_passkey_run(cells, g_m, &bad, dup, 1), "depth 1.5", "passkey: depth 1.5");
+    bad.depths = nan_depth;
+    expect_refusal(kkv_passkey_run(cells, g_m, &bad, dup, 1), "depth", "passkey: depth NaN");
+}
+
 int main(void) {
     test_rope_ops();
     test_act_ops();
@@ -780,6 +827,7 @@ int main(void) {
         test_bad_args(prompt);
         test_profile(prompt);
         test_fork_state(prompt);
+        test_eval_refusals(prompt);
     }
     free(prompt);
     kkv_model_free(g_m);

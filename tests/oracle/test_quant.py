@@ -319,7 +319,27 @@ def error_paths(tl, cli, tmp):
     write_npy(nan, kn)
     empty = os.path.join(tmp, "empty.raw")
     open(empty, "wb").close()
+    # .npy headers: float64, Fortran order, an unknown version, a version-2
+    # header cut short (a version-2 file itself is accepted, below)
+    f64 = os.path.join(tmp, "f64.npy")
+    np.save(f64, k.astype(np.float64))
+    fort = os.path.join(tmp, "fortran.npy")
+    np.save(fort, np.asfortranarray(k))
+    v2 = os.path.join(tmp, "v2.npy")
+    with open(v2, "wb") as f:
+        np.lib.format.write_array(f, np.ascontiguousarray(k), version=(2, 0))
+    v9, v2cut = os.path.join(tmp, "v9.npy"), os.path.join(tmp, "v2cut.npy")
+    data = open(v2, "rb").read()
+    open(v9, "wb").write(data[:6] + b"\x09" + data[7:])
+    open(v2cut, "wb").write(data[:11])
+    rc, out, err = run(cli, ["--method", "kitty", "--head-dim", "64", "--keys", v2])
+    tl.check(rc == 0, "a version-2 .npy header is read: exit %d, %r" % (rc, err))
     cases = [
+        (".npy of float64", ["--method", "kitty", "--head-dim", "64", "--keys", f64], "float32"),
+        (".npy in Fortran order", ["--method", "kitty", "--head-dim", "64", "--keys", fort], "C-ordered"),
+        (".npy version 9", ["--method", "kitty", "--head-dim", "64", "--keys", v9], "version"),
+        (".npy version-2 header cut", ["--method", "kitty", "--head-dim", "64", "--keys", v2cut],
+         "truncated"),
         ("bad file size", ["--method", "kitty", "--head-dim", "64", "--keys", raw]),
         (".npy shape mismatch", ["--method", "kitty", "--head-dim", "64", "--keys", wide]),
         ("unknown method", ["--method", "kitty-max", "--head-dim", "64", "--keys", good]),
@@ -339,10 +359,10 @@ def error_paths(tl, cli, tmp):
         ("pages of fp16", ["--method", "fp16", "--head-dim", "64", "--keys", good,
                            "--out-pages", os.path.join(tmp, "p.bin")]),
     ]
-    for what, args in cases:
+    for what, args, *word in cases:
         rc, out, err = run(cli, args)
         lines = [x for x in err.splitlines() if x.strip()]
-        tl.check(rc != 0 and len(lines) == 1,
+        tl.check(rc != 0 and len(lines) == 1 and all(w in err for w in word),
                  "CLI error path '%s': exit %d, %d stderr lines: %r" % (what, rc, len(lines), err))
 
 
