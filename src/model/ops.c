@@ -75,15 +75,3 @@ kkv_act_fn kkv_op_act(int gemma) {
 #endif
     return gemma ? kkv_op_geglu : kkv_op_swiglu;
 }
-
-void kkv_op_softmax(float *x, int n) {
-    float mx = x[kkv_argmax(x, n)];
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - mx);
-        sum += x[i];
-    }
-    float inv = (float)(1.0 / sum);
-    for (int i = 0; i < n; i++) x[i] *= inv;
-}
-

@@ -52,8 +52,4 @@ void kkv_op_geglu_avx2(float *g, const float *u, int n);
 typedef void (*kkv_act_fn)(float *g, const float *u, int n);
 kkv_act_fn kkv_op_act(int gemma);
 
-/* x[i] = exp(x[i] - max) / sum, in place, sum in double. x: [n], n >= 1. */
-void kkv_op_softmax(float *x, int n);
-
-
 #endif
