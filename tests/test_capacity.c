@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/bigmem.h"
 #include "kittykv.h"
@@ -527,6 +529,22 @@ static void test_state(const kkv_method *m, const char *what, int T, int exhaust
     CHECK(same_contents(c, s, c, lf), "file round trip");
     remove(path);
     CHECK(kkv_seq_load_file(c, &lf, "/nonexistent/x", 0, NULL, 0, NULL) == KKV_ERR_IO, "no file");
+    /* saves that cannot happen: nothing written, nothing left behind */
+    CHECK(kkv_seq_save_file(c, "/nonexistent/x", s, &meta) == KKV_ERR_IO &&
+              strstr(kkv_last_error(), "cannot create"), "save into no folder: %s", kkv_last_error());
+    const char *dir = "test_capacity.dir"; /* rename onto a folder fails after the write */
+    CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    CHECK(kkv_seq_save_file(c, dir, s, &meta) == KKV_ERR_IO && strstr(kkv_last_error(), "cannot write") &&
+              access("test_capacity.dir.tmp", F_OK) != 0, "save onto a folder: %s", kkv_last_error());
+    rmdir(dir);
+    size_t small = 0;
+    uint8_t one_byte[1];
+    CHECK(kkv_seq_save(c, one_byte, sizeof one_byte, &small, s, &meta) == KKV_ERR_INVALID_ARG &&
+              small == n && strstr(kkv_last_error(), "buffer of 1 bytes"), "small buffer: %s", kkv_last_error());
+    kkv_state_meta bad_meta[2] = {{0x1234abcdull, toks, -1}, {0x1234abcdull, NULL, 2}};
+    for (int i = 0; i < 2; i++)
+        CHECK(kkv_seq_save(c, NULL, 0, &small, s, &bad_meta[i]) == KKV_ERR_INVALID_ARG &&
+                  strstr(kkv_last_error(), "bad token list"), "token list %d: %s", i, kkv_last_error());
     kkv_seq_free(c, lf);
     kkv_seq_free(c, ld);
 
