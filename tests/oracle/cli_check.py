@@ -1,6 +1,6 @@
 """The preamble the CLI oracle scripts share: their two arguments, the model
 (or the skip/fail rule without it), a check() that records failures and a
-run() of the kittykv binary."""
+run() of the kittykv binary, and summary() for the exit code."""
 import argparse
 import os
 import subprocess
@@ -41,3 +41,11 @@ class Cli:
     def run(self, *args):
         return subprocess.run([self.kittykv, *args], capture_output=True, text=True,
                               errors="replace")
+
+    def summary(self):
+        """Prints the outcome; the exit code (1 if any check failed)."""
+        if self.failures:
+            print(f"{len(self.failures)} check(s) failed")
+            return 1
+        print("all checks passed")
+        return 0

@@ -197,11 +197,7 @@ def main():
         check(p.returncode == 0 and "warning" in p.stderr,
               f"-t {cores + 1} on {cores} cores runs with a warning")
 
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return a.summary()
 
 
 if __name__ == "__main__":

@@ -15,15 +15,14 @@ cannot come from a broken writer.
 
 Exit 77 (skip) when numpy/gguf is missing, unless KKV_REQUIRE_ORACLE is set.
 """
-import argparse
 import os
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from cli_check import Cli  # noqa: E402
 from test_archs import skip_or_fail, write_model  # noqa: E402
 
 
@@ -36,10 +35,7 @@ def set_meta(w, key, value=None, kind="uint32"):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kittykv", required=True)
-    ap.add_argument("--source-dir", required=True)
-    a = ap.parse_args()
+    a = Cli()
     try:
         import numpy as np
         import gguf
@@ -48,16 +44,10 @@ def main():
         skip_or_fail(f"python package missing: {e}")
     GT = gguf.GGMLQuantizationType
 
-    failures = []
-
-    def check(ok, msg):
-        print(("ok   " if ok else "FAIL ") + msg)
-        if not ok:
-            failures.append(msg)
+    check = a.check
 
     def run(path):
-        return subprocess.run([a.kittykv, "generate", "-m", path, "-t", "1", "-n", "1",
-                               "--prompt-ids", "1,2,3"], capture_output=True, text=True)
+        return a.run("generate", "-m", path, "-t", "1", "-n", "1", "--prompt-ids", "1,2,3")
 
     def nan_at(i):
         def f(arr):
@@ -153,12 +143,8 @@ def main():
             check(p.returncode != 0 and msg.count("\n") == 0 and msg != "",
                   f"cut to {cut} of {len(data)} bytes: exit {p.returncode}, {msg!r}")
 
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        sys.exit(1)
-    print("all checks passed")
-
+    return a.summary()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
