@@ -321,6 +321,40 @@ done:
     kkv_model_free(m);
 }
 
+/* Chat formatting with the model's own ChatML template, which writes a
+ * default system message when the conversation has none: every allocation
+ * (the default system text's included) fails cleanly. The ASan/UBSan build
+ * also checks that no NULL text from a failed buffer reaches memcpy. */
+static void sweep_chat(const char *path) {
+    kkv_model *m = NULL;
+    if (kkv_model_load_vocab(&m, path, NULL) != KKV_OK) {
+        CHECK(0, "chat: vocab load: %s", kkv_last_error());
+        return;
+    }
+    const kkv_chat_msg msgs[] = {{"user", "Hello"}};
+    char ref[4096], got[4096];
+    size_t n_ref = 0, n = 0;
+    CHECK(kkv_chat_format(m, ref, sizeof ref, &n_ref, msgs, 1, 1, NULL) == KKV_OK, "chat: %s",
+          kkv_last_error());
+    /* the sweep below only means something if the default system text is there */
+    static const char sys[] = "<|im_start|>system\n";
+    CHECK(!strncmp(ref, sys, sizeof sys - 1) && strncmp(ref + sizeof sys - 1, "<|im_end|>", 10),
+          "chat: no default system message in '%s'", ref);
+    long k;
+    for (k = 0; k < MAX_SWEEP; k++) {
+        arm(k);
+        kkv_status s = kkv_chat_format(m, got, sizeof got, &n, msgs, 1, 1, NULL);
+        int hit = disarm();
+        if (!hit) {
+            CHECK(s == KKV_OK && n == n_ref && !strcmp(got, ref), "chat, no failure: %d", (int)s);
+            break;
+        }
+        CHECK(s == KKV_ERR_NOMEM, "chat, alloc %ld: %d %s", k, (int)s, kkv_last_error());
+    }
+    printf("chat format: %ld allocations swept\n", k);
+    kkv_model_free(m);
+}
+
 /* The SentencePiece tokenizer on the fuzz seed vocabulary: loading and
  * encoding fail cleanly at every allocation and work afterwards. */
 static void sweep_spm(void) {
@@ -376,8 +410,10 @@ int main(void) {
                            ? getenv("KKV_MODEL")
                            : KKV_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
     const char *req = getenv("KKV_REQUIRE_MODEL");
-    if (access(path, R_OK) == 0) sweep_model(path);
-    else if (req && !strcmp(req, "1")) CHECK(0, "model %s missing and KKV_REQUIRE_MODEL=1", path);
+    if (access(path, R_OK) == 0) {
+        sweep_model(path);
+        sweep_chat(path);
+    } else if (req && !strcmp(req, "1")) CHECK(0, "model %s missing and KKV_REQUIRE_MODEL=1", path);
     else printf("note: no model at %s: model sweeps skipped\n", path);
     return tu_summary();
 }

@@ -452,13 +452,12 @@ static kkv_status stage_resize(const kkv_cache *c, kkv_lseq *y, const kkv_counts
     size_t D = (size_t)c->D, nt = (size_t)(k.ck + k.cv);
     int grow = k.ck > y->ck || k.cv > y->cv;
     uint16_t *dst = y->stage;
-    kkv_sink *sk = y->sk;
     if (grow) {
         dst = malloc((size_t)c->H * nt * D * 2);
         if (!dst) return kkv_fail(KKV_ERR_NOMEM, "staging: out of memory");
     }
     if (k.cs > y->cs) {
-        sk = kkv_sink_new(c, k.cs);
+        kkv_sink *sk = kkv_sink_new(c, k.cs);
         if (!sk) {
             if (grow) free(dst);
             return kkv_fail(KKV_ERR_NOMEM, "staging: out of memory");

@@ -182,7 +182,9 @@ static kkv_status format(sb *b, const kkv_model *m, const kkv_tok *t, fam f, int
         /* the default system message belongs to the model's own template */
         if (own && (n == 0 || !role_is(&msgs[0], "system")) && m->chat_template) {
             sb sys = {0};
-            if (default_system(m->chat_template, m->chat_template_len, &sys)) {
+            /* a text cut short by a failed allocation is not used (its p may
+             * be NULL): the out-of-memory is reported below */
+            if (default_system(m->chat_template, m->chat_template_len, &sys) && !sys.oom) {
                 puts_(b, "<|im_start|>system\n");
                 put(b, sys.p, sys.n);
                 puts_(b, "<|im_end|>\n");
