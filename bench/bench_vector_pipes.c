@@ -24,14 +24,14 @@
 
 #include "kittykv_cpu.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-
-#if defined(__x86_64__)
-#include <immintrin.h>
 
 #define TGT __attribute__((target("avx2,fma,f16c"), noinline))
 #define N_ITER 20000000L

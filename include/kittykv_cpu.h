@@ -41,11 +41,13 @@ typedef enum kkv_kernel {
     KKV_KERNEL_SCALAR = 1, /* the reference                         */
     KKV_KERNEL_AVX2   = 2, /* AVX2 + FMA + F16C                     */
     KKV_KERNEL_AVX512 = 3, /* AVX-512 F/BW/VL (+VNNI where present) */
+    KKV_KERNEL_NEON   = 4, /* aarch64 Advanced SIMD: the reference's bits, vectorised */
 } kkv_kernel;
 
 /* Selects the attention/flush kernels of a cache; KKV_ERR_UNSUPPORTED if this
  * CPU or build lacks them (the environment variable
- * KKV_CPU=scalar|avx2|avxvnni|avx512|avx512vnni caps what AUTO and this call may pick;
+ * KKV_CPU=scalar|avx2|avxvnni|avx512|avx512vnni caps what AUTO and this call may pick
+ * (scalar also caps neon);
  * VNNI page kernels, where present, give bit-identical results). */
 kkv_status  kkv_cache_set_kernel(kkv_cache *c, kkv_kernel k);
 /* The kernel a cache uses now (never AUTO; KKV_KERNEL_AUTO for a NULL cache). */

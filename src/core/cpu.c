@@ -79,7 +79,13 @@ static void describe(char *name, size_t nn, char *fm, size_t nf) {
     snprintf(fm, nf, "family %u, model %u", family, model);
 }
 #else
-static void detect(kkv_cpu *cpu) { (void)cpu; }
+static void detect(kkv_cpu *cpu) {
+#if defined(__aarch64__)
+    cpu->neon = 1; /* part of the aarch64 base instruction set */
+#else
+    (void)cpu;
+#endif
+}
 static void describe(char *name, size_t nn, char *fm, size_t nf) {
     (void)fm, (void)nf; /* no family and model off x86 */
 #if defined(__aarch64__)
@@ -96,7 +102,7 @@ static void name_line(const kkv_cpu *f) {
     char name[64], fm[48] = "";
     describe(name, sizeof name, fm, sizeof fm);
     snprintf(cpu_line, sizeof cpu_line, "%s (%s%skernels: %s%s%s%s)", name, fm, *fm ? "; " : "",
-             f->avx512 ? "avx512" : f->avx2 ? "avx2" : "scalar", f->vnni ? " vnni" : "", f->vbmi ? " vbmi" : "",
+             f->avx512 ? "avx512" : f->avx2 ? "avx2" : f->neon ? "neon" : "scalar", f->vnni ? " vnni" : "", f->vbmi ? " vbmi" : "",
              f->avxvnni ? " avx-vnni" : "");
 }
 
@@ -104,13 +110,14 @@ static kkv_cpu cpu_features;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 /* KKV_CPU caps the detected level, so one machine can exercise every
- * dispatch path (tests and benchmarks use it): scalar; avx2 (no VNNI of any
+ * dispatch path (tests and benchmarks use it): scalar (on aarch64 too); avx2 (no VNNI of any
  * kind); avxvnni (AVX2 + AVX-VNNI, no AVX-512); avx512vnni (AVX-512 with VNNI,
  * without VBMI: the 256-bit VNNI kernels); avx512 (AVX-512 without
  * VNNI). Other values leave what the CPU has. */
 static void apply_cap(const char *cap) {
     if (strcmp(cap, "scalar") == 0)
-        cpu_features.avx2 = cpu_features.avx512 = cpu_features.vnni = cpu_features.avxvnni = 0;
+        cpu_features.avx2 = cpu_features.avx512 = cpu_features.vnni = cpu_features.avxvnni =
+            cpu_features.neon = 0;
     if (strcmp(cap, "avx2") == 0)
         cpu_features.avx512 = cpu_features.vnni = cpu_features.avxvnni = 0;
     if (strcmp(cap, "avxvnni") == 0) cpu_features.avx512 = cpu_features.vnni = 0;

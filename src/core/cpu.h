@@ -11,6 +11,7 @@ typedef struct kkv_cpu {
     int avxvnni; /* AVX-VNNI (VEX vpdpbusd) + AVX2     */
     int vbmi;   /* AVX-512 VBMI + VBMI2 (vpermb, vpcompressb) + VNNI */
     int wt_pf_l2; /* weight-stream prefetch into L2 (prefetcht2), else non-temporal */
+    int neon;   /* aarch64 Advanced SIMD (always there on aarch64) */
 } kkv_cpu;
 
 /* Features of this CPU that this build can use; computed once. */

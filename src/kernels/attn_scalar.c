@@ -68,15 +68,15 @@ static void widen(float *dst, const uint16_t *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = kkv_f16_to_f32(src[i]);
 }
 
-static void key_encode(uint8_t *page, float *tmp, const uint16_t *k, int D, int G, int nb,
-                       kkv_select sel, uint64_t seed, uint64_t page_no, const uint8_t *rank) {
+void kkv_scalar_key_encode(uint8_t *page, float *tmp, const uint16_t *k, int D, int G, int nb,
+                           kkv_select sel, uint64_t seed, uint64_t page_no, const uint8_t *rank) {
     uint8_t order[KKV_MAX_HEAD_DIM];
     widen(tmp, k, (size_t)G * D);
     kkv_rank_channels(order, tmp, D, G, sel, seed, page_no, rank);
     kkv_key_encode_ref(page, tmp, D, G, nb, order);
 }
 
-static void value_encode(uint8_t *page, float *tmp, const uint16_t *v, int D, int G, int bits) {
+void kkv_scalar_value_encode(uint8_t *page, float *tmp, const uint16_t *v, int D, int G, int bits) {
     widen(tmp, v, (size_t)G * D);
     kkv_value_encode_ref(page, tmp, D, G, bits);
 }
@@ -108,7 +108,7 @@ const kkv_ops kkv_ops_scalar = {
     .qk_page = qk_page,
     .pv_f16 = pv_f16,
     .pv_page = pv_page,
-    .key_encode = key_encode,
-    .value_encode = value_encode,
+    .key_encode = kkv_scalar_key_encode,
+    .value_encode = kkv_scalar_value_encode,
     .softmax = softmax,
 };

@@ -1,5 +1,5 @@
 /* Runtime choice of the kernel table by CPU features (kkv_cpu_get(), which
- * KKV_CPU=scalar|avx2|avxvnni|avx512 can cap). A kernel kind names an
+ * KKV_CPU=scalar|avx2|avxvnni|avx512 can cap; on aarch64 the NEON table, which KKV_CPU=scalar caps). A kernel kind names an
  * instruction-set level; within it the VNNI page kernels are taken where the
  * CPU has them (bit-identical results, only faster). */
 #include <stddef.h>
@@ -24,6 +24,9 @@ const kkv_ops *kkv_ops_get(kkv_kernel k) {
                             : &kkv_ops_avx512;
     }
 #endif
+#if defined(__aarch64__)
+    case KKV_KERNEL_NEON: return kkv_cpu_get()->neon ? &kkv_ops_neon : NULL;
+#endif
     default: return NULL;
     }
 }
@@ -34,6 +37,9 @@ kkv_kernel kkv_kernel_best(void) {
     if (cpu->avx512) return KKV_KERNEL_AVX512;
     if (cpu->avx2) return KKV_KERNEL_AVX2;
 #endif
+#if defined(__aarch64__)
+    if (kkv_cpu_get()->neon) return KKV_KERNEL_NEON;
+#endif
     return KKV_KERNEL_SCALAR;
 }
 
@@ -43,6 +49,7 @@ const char *kkv_kernel_name(kkv_kernel k) {
     case KKV_KERNEL_SCALAR: return "scalar";
     case KKV_KERNEL_AVX2: return "avx2";
     case KKV_KERNEL_AVX512: return "avx512";
+    case KKV_KERNEL_NEON: return "neon";
     }
     return "unknown";
 }

@@ -86,12 +86,19 @@ void kkv_pv_rows8(float *acc, const float *p, int n_rep, const uint8_t *rows, in
 const kkv_ops *kkv_ops_get(kkv_kernel k);
 
 extern const kkv_ops kkv_ops_scalar;
+/* The scalar flush codecs, which the NEON table shares. */
+void kkv_scalar_key_encode(uint8_t *page, float *tmp, const uint16_t *k, int D, int G, int nb,
+                           kkv_select sel, uint64_t seed, uint64_t page_no, const uint8_t *rank);
+void kkv_scalar_value_encode(uint8_t *page, float *tmp, const uint16_t *v, int D, int G, int bits);
 #if defined(__x86_64__)
 extern const kkv_ops kkv_ops_avx2;
 extern const kkv_ops kkv_ops_avx2vnni;   /* AVX2 + AVX-VNNI page kernels */
 extern const kkv_ops kkv_ops_avx512;
 extern const kkv_ops kkv_ops_avx512vnni; /* AVX-512 + VNNI page kernels */
 extern const kkv_ops kkv_ops_avx512vbmi; /* AVX-512 VBMI + VNNI (512-bit) page kernels */
+#endif
+#if defined(__aarch64__)
+extern const kkv_ops kkv_ops_neon; /* attn_neon.c: the scalar kernels' bits, vectorised */
 #endif
 
 #endif

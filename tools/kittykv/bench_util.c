@@ -58,13 +58,13 @@ int bench_set_methods(bench_opts *o, const char *list) {
 
 static int parse_kernel(kkv_kernel *k, const char *s, const char *cmd) {
     static const kkv_kernel all[] = {KKV_KERNEL_AUTO, KKV_KERNEL_SCALAR, KKV_KERNEL_AVX2,
-                                     KKV_KERNEL_AVX512};
+                                     KKV_KERNEL_AVX512, KKV_KERNEL_NEON};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!strcmp(s, kkv_kernel_name(all[i]))) {
             *k = all[i];
             return 0;
         }
-    fprintf(stderr, "kittykv %s: unknown --kernel '%s' (auto, scalar, avx2, avx512)\n", cmd, s);
+    fprintf(stderr, "kittykv %s: unknown --kernel '%s' (auto, scalar, avx2, avx512, neon)\n", cmd, s);
     return 2;
 }
 
