@@ -117,13 +117,14 @@ typedef struct cmp_stats {
     double worst; /* max |a - b| / M seen */
 } cmp_stats;
 
-/* --quick (scripts/test.sh, under qemu-user, ~60x slower than the host):
- * only the tables other than the scalar one, every primitive on fewer
- * boosted-channel counts, end to end on one method of each page kind at one
+/* --quick (scripts/test.sh, under qemu-user, ~100x slower than the host):
+ * only the tables other than the scalar one (and not the 8-bit pages, the
+ * same C for every table), every primitive on fewer boosted-channel counts, end to end on one method of each page kind at one
  * head dimension and 300 tokens. The host's own run covers the rest. */
 static int quick;
 
-/* Under --quick, where a step can take minutes: which step ended, when. */
+/* Under --quick, where a step takes seconds to tens of seconds: which step
+ * ended, and when. */
 static void quick_done(const char *table, const char *what) {
     if (quick) printf("  %s %s done (%.1f s of CPU)\n", table, what, (double)clock() / CLOCKS_PER_SEC);
 }
