@@ -41,7 +41,7 @@ typedef enum kkv_kernel {
     KKV_KERNEL_SCALAR = 1, /* the reference                         */
     KKV_KERNEL_AVX2   = 2, /* AVX2 + FMA + F16C                     */
     KKV_KERNEL_AVX512 = 3, /* AVX-512 F/BW/VL (+VNNI where present) */
-    KKV_KERNEL_NEON   = 4, /* aarch64 Advanced SIMD: the reference's bits, vectorised */
+    KKV_KERNEL_NEON   = 4, /* aarch64 Advanced SIMD (q.k, p.v: the reference's bits) */
 } kkv_kernel;
 
 /* Selects the attention/flush kernels of a cache; KKV_ERR_UNSUPPORTED if this

@@ -98,7 +98,7 @@ extern const kkv_ops kkv_ops_avx512vnni; /* AVX-512 + VNNI page kernels */
 extern const kkv_ops kkv_ops_avx512vbmi; /* AVX-512 VBMI + VNNI (512-bit) page kernels */
 #endif
 #if defined(__aarch64__)
-extern const kkv_ops kkv_ops_neon; /* attn_neon.c: the scalar kernels' bits, vectorised */
+extern const kkv_ops kkv_ops_neon; /* attn_neon.c: q.k and p.v give the scalar kernels' bits */
 #endif
 
 #endif
