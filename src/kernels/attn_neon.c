@@ -26,8 +26,21 @@
 
 #define AI static inline __attribute__((always_inline))
 
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "attn_neon.c reads the pages' little-endian fp16 scales as native halves"
+#endif
+
 /* 4 fp16 at p to fp32 (exact, as kkv_f16_to_f32 for every non-NaN). */
 AI float32x4_t f16x4(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+
+/* n (a multiple of 4) fp16 stored at p, any alignment, to fp32. */
+AI void f16_bytes(float *dst, const uint8_t *p, int n) {
+    for (int i = 0; i < n; i += 4) {
+        uint16_t h[4];
+        memcpy(h, p + 2 * (size_t)i, sizeof h);
+        vst1q_f32(dst + i, f16x4(h));
+    }
+}
 
 /* Columns of the 4x4 block of rows a, b, c, d: c0 = (a0, b0, c0, d0), ... */
 AI void transpose4(float32x4_t *a, float32x4_t *b, float32x4_t *c, float32x4_t *d) {
@@ -146,10 +159,8 @@ static void qk_page(float *s, const float *q, int n_rep, const uint8_t *page, in
     kkv_key_layout L = kkv_key_layout_of(D, G, nb);
     const uint8_t *idx = page + L.idx;
     float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; // [D] each
-    for (int j = 0; j < D; j++) {
-        scale[j] = kkv_f16_to_f32(kkv_ld16(page + L.scale + 2 * (size_t)j));
-        mn[j] = kkv_f16_to_f32(kkv_ld16(page + L.mn + 2 * (size_t)j));
-    }
+    f16_bytes(scale, page + L.scale, D);
+    f16_bytes(mn, page + L.mn, D);
     const size_t row = (size_t)G / 4;
     int t = 0;
     for (; t + 16 <= G; t += 16)
@@ -188,42 +199,47 @@ static void qk_page(float *s, const float *q, int n_rep, const uint8_t *page, in
 /* acc [n_rep][D] += p [n_rep][G] x one value page (2 or 4 bits; the
  * reference's loop for any other width): 16 channels of up to 4 heads in
  * registers while the tokens go by in order, each token's values
- * code * scale_t + mn_t as the codec decodes them. */
+ * code * scale_t + mn_t as the codec decodes them. The tokens come in chunks
+ * whose scales are widened once, not once per 16 channels; every output
+ * still sums its tokens in order. */
 static void pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
                     int bits) {
+    enum { TC = 64 }; /* tokens a chunk */
     kkv_value_layout L = kkv_value_layout_of(D, G, bits);
     const size_t row = (size_t)D * bits / 8;
     const int vec = bits == 2 || bits == 4 ? D / 16 * 16 : 0; /* channels done 16 at a time */
-    for (int r0 = 0; r0 < n_rep; r0 += 4) {
-        int nr = n_rep - r0 < 4 ? n_rep - r0 : 4;
-        for (int j = 0; j < vec; j += 16) {
-            float32x4_t a[4][4];
-            for (int i = 0; i < nr; i++)
-                for (int c = 0; c < 4; c++) a[i][c] = vld1q_f32(acc + (size_t)(r0 + i) * D + j + 4 * c);
-            for (int t = 0; t < G; t++) {
-                float scale = kkv_f16_to_f32(kkv_ld16(page + L.scale + 2 * (size_t)t));
-                float mn = kkv_f16_to_f32(kkv_ld16(page + L.mn + 2 * (size_t)t));
-                float32x4_t x[4];
-                widen16(x, codes16(page + L.codes + (size_t)t * row + (size_t)j * bits / 8, bits));
-                for (int c = 0; c < 4; c++) x[c] = vaddq_f32(vmulq_n_f32(x[c], scale), vdupq_n_f32(mn));
-                for (int i = 0; i < nr; i++) {
-                    float w = p[(size_t)(r0 + i) * G + t];
-                    for (int c = 0; c < 4; c++) a[i][c] = mul_add(a[i][c], x[c], w);
+    const int per_byte = 8 / bits, maxq = (1 << bits) - 1;
+    for (int t0 = 0; t0 < G; t0 += TC) {
+        int nt = G - t0 < TC ? G - t0 : TC; /* a multiple of 4, as G */
+        float scale[TC], mn[TC];            // [nt] each
+        f16_bytes(scale, page + L.scale + 2 * (size_t)t0, nt);
+        f16_bytes(mn, page + L.mn + 2 * (size_t)t0, nt);
+        for (int r0 = 0; r0 < n_rep; r0 += 4) {
+            int nr = n_rep - r0 < 4 ? n_rep - r0 : 4;
+            for (int j = 0; j < vec; j += 16) {
+                float32x4_t a[4][4];
+                for (int i = 0; i < nr; i++)
+                    for (int c = 0; c < 4; c++) a[i][c] = vld1q_f32(acc + (size_t)(r0 + i) * D + j + 4 * c);
+                for (int u = 0; u < nt; u++) {
+                    const uint8_t *codes = page + L.codes + (size_t)(t0 + u) * row + (size_t)j * bits / 8;
+                    float32x4_t x[4];
+                    widen16(x, codes16(codes, bits));
+                    for (int c = 0; c < 4; c++) x[c] = vaddq_f32(vmulq_n_f32(x[c], scale[u]), vdupq_n_f32(mn[u]));
+                    for (int i = 0; i < nr; i++) {
+                        float w = p[(size_t)(r0 + i) * G + t0 + u];
+                        for (int c = 0; c < 4; c++) a[i][c] = mul_add(a[i][c], x[c], w);
+                    }
                 }
+                for (int i = 0; i < nr; i++)
+                    for (int c = 0; c < 4; c++) vst1q_f32(acc + (size_t)(r0 + i) * D + j + 4 * c, a[i][c]);
             }
-            for (int i = 0; i < nr; i++)
-                for (int c = 0; c < 4; c++) vst1q_f32(acc + (size_t)(r0 + i) * D + j + 4 * c, a[i][c]);
         }
-    }
-    if (vec == D) return;
-    int per_byte = 8 / bits, maxq = (1 << bits) - 1; /* the last channels as the reference */
-    for (int t = 0; t < G; t++) {
-        float scale = kkv_f16_to_f32(kkv_ld16(page + L.scale + 2 * (size_t)t));
-        float mn = kkv_f16_to_f32(kkv_ld16(page + L.mn + 2 * (size_t)t));
-        const uint8_t *codes = page + L.codes + (size_t)t * row;
-        for (int j = vec; j < D; j++) {
-            float x = (float)((codes[j / per_byte] >> (bits * (j % per_byte))) & maxq) * scale + mn;
-            for (int r = 0; r < n_rep; r++) acc[(size_t)r * D + j] += p[(size_t)r * G + t] * x;
+        for (int u = 0; u < nt; u++) { /* the last channels as the reference */
+            const uint8_t *codes = page + L.codes + (size_t)(t0 + u) * row;
+            for (int j = vec; j < D; j++) {
+                float x = (float)((codes[j / per_byte] >> (bits * (j % per_byte))) & maxq) * scale[u] + mn[u];
+                for (int r = 0; r < n_rep; r++) acc[(size_t)r * D + j] += p[(size_t)r * G + t0 + u] * x;
+            }
         }
     }
 }
