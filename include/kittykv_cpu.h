@@ -47,7 +47,8 @@ typedef enum kkv_kernel {
 /* Selects the attention/flush kernels of a cache; KKV_ERR_UNSUPPORTED if this
  * CPU or build lacks them (the environment variable
  * KKV_CPU=scalar|avx2|avxvnni|avx512|avx512vnni caps what AUTO and this call may pick
- * (scalar also caps neon);
+ * (scalar also caps neon; neon keeps the weight matmuls off the dot-product
+ * extension);
  * VNNI page kernels, where present, give bit-identical results). */
 kkv_status  kkv_cache_set_kernel(kkv_cache *c, kkv_kernel k);
 /* The kernel a cache uses now (never AUTO; KKV_KERNEL_AUTO for a NULL cache). */

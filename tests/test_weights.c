@@ -257,10 +257,17 @@ static void test_q8x(void) {
  * of many magnitudes, halves that round to even, zeros, -0, tiny and
  * subnormal blocks, Inf and NaN, values at the clamp. */
 static void test_q8x_simd(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    const kkv_wt_kernels *tabs[3] = {&kkv_wt_kernels_avx2, &kkv_wt_kernels_vnni,
-                                     &kkv_wt_kernels_avxvnni};
-    const int have[3] = {kkv_cpu_get()->avx2, kkv_cpu_get()->vnni, kkv_cpu_get()->avxvnni};
+#if defined(__x86_64__) || defined(__i386__) || defined(__aarch64__)
+#if defined(__aarch64__)
+    enum { NT = 2 };
+    const kkv_wt_kernels *tabs[NT] = {&kkv_wt_kernels_neon, &kkv_wt_kernels_neon_dotprod};
+    const int have[NT] = {kkv_cpu_get()->neon, kkv_cpu_get()->dotprod};
+#else
+    enum { NT = 3 };
+    const kkv_wt_kernels *tabs[NT] = {&kkv_wt_kernels_avx2, &kkv_wt_kernels_vnni,
+                                      &kkv_wt_kernels_avxvnni};
+    const int have[NT] = {kkv_cpu_get()->avx2, kkv_cpu_get()->vnni, kkv_cpu_get()->avxvnni};
+#endif
     enum { NB = 64 };
     float *x = malloc(sizeof(float) * 32 * NB); /* [NB][32] */
     kkv_q8x *ref = malloc(sizeof *ref * NB), *got = malloc(sizeof *got * NB);
@@ -287,7 +294,7 @@ static void test_q8x_simd(void) {
         x[224 + round % 32] = NAN;
         x[256 + round % 32] = -INFINITY;
         kkv_q8x_quantize(ref, x, 32 * NB);
-        for (int t = 0; t < 3; t++) {
+        for (int t = 0; t < NT; t++) {
             if (!have[t]) continue;
             memset(got, 0x5a, sizeof *got * NB);
             tabs[t]->quantize(got, x, 32 * NB);
@@ -332,6 +339,11 @@ static void test_kernels(void) {
     const int ns[] = {1, 3, 5, 17}; /* 5 and 17: the sixteen-row kernels where the CPU has them */
     const int64_t rows_list[] = {1, 7, 37, 8, 16, 9};
     int have_avx2 = kkv_cpu_get()->avx2;
+    /* the SIMD table under test: AVX2 on x86 (AUTO's VNNI builds are held
+     * to its bits below), NEON on aarch64 */
+    const int have_simd = have_avx2 || kkv_cpu_get()->neon;
+    const kkv_wt_impl simd = have_avx2 ? KKV_WT_IMPL_AVX2 : KKV_WT_IMPL_NEON;
+    const char *simd_name = have_avx2 ? "avx2" : "neon";
     kkv_tp *tp3 = NULL;
     kkv_tp_create(&tp3, 3);
     for (size_t ti = 0; ti < sizeof TYPES / sizeof TYPES[0]; ti++) {
@@ -352,8 +364,8 @@ static void test_kernels(void) {
                     float *oa = malloc(sizeof(float) * (size_t)n * (size_t)rows);
                     float *o1 = malloc(sizeof(float) * (size_t)rows);
                     CHECK(kkv_matmul_ex(NULL, os, &w, x, n, KKV_WT_IMPL_SCALAR) == KKV_OK, "scalar");
+                    if (have_simd) CHECK(kkv_matmul_ex(tp3, oa, &w, x, n, simd) == KKV_OK, "%s", simd_name);
                     if (have_avx2) {
-                        CHECK(kkv_matmul_ex(tp3, oa, &w, x, n, KKV_WT_IMPL_AVX2) == KKV_OK, "avx2");
                         /* auto takes the VNNI build where the CPU has one: the
                          * same bits as AVX2 (KKV_CPU=avx2 makes auto AVX2) */
                         float *ov = malloc(sizeof(float) * (size_t)n * (size_t)rows);
@@ -371,21 +383,23 @@ static void test_kernels(void) {
                             float s = os[(size_t)j * (size_t)rows + (size_t)r];
                             CHECK(fabs(s - ref) <= 1e-5 * abs + 1e-30, "%s %lldx%lld n=%d: scalar %.9g ref %.9g",
                                   kkv_wt_name(type), (long long)rows, (long long)cols, n, s, ref);
-                            if (have_avx2) {
+                            if (have_simd) {
                                 float a = oa[(size_t)j * (size_t)rows + (size_t)r];
-                                CHECK(fabs(a - s) <= 2e-5 * abs + 1e-30, "%s %lldx%lld n=%d: avx2 %.9g scalar %.9g",
-                                      kkv_wt_name(type), (long long)rows, (long long)cols, n, a, s);
-                                /* the eight-row kernels keep the scalar order: the same bits */
-                                if (type == KKV_WT_Q4_0 || type == KKV_WT_Q4_1 || type == KKV_WT_Q8_0)
-                                    CHECK(memcmp(&a, &s, sizeof a) == 0, "%s %lldx%lld n=%d row %lld: avx2 %.9g "
+                                CHECK(fabs(a - s) <= 2e-5 * abs + 1e-30, "%s %lldx%lld n=%d: %s %.9g scalar %.9g",
+                                      kkv_wt_name(type), (long long)rows, (long long)cols, n, simd_name, a, s);
+                                /* the eight-row kernels keep the scalar order, and NEON
+                                 * runs the other types with the scalar kernels: the same bits */
+                                if (type == KKV_WT_Q4_0 || type == KKV_WT_Q4_1 || type == KKV_WT_Q8_0 || !have_avx2)
+                                    CHECK(memcmp(&a, &s, sizeof a) == 0, "%s %lldx%lld n=%d row %lld: %s %.9g "
                                           "is not the scalar %.9g", kkv_wt_name(type), (long long)rows,
-                                          (long long)cols, n, (long long)r, a, s);
+                                          (long long)cols, n, (long long)r, simd_name, a, s);
                             }
                         }
                         /* the same x vector alone, serial: bit-identical */
-                        for (int impl = KKV_WT_IMPL_SCALAR; impl <= (have_avx2 ? KKV_WT_IMPL_AVX2 : KKV_WT_IMPL_SCALAR); impl++) {
-                            const float *ob = impl == KKV_WT_IMPL_SCALAR ? os : oa;
-                            kkv_matmul_ex(NULL, o1, &w, x + (size_t)j * (size_t)cols, 1, (kkv_wt_impl)impl);
+                        for (int pass = 0; pass <= have_simd; pass++) {
+                            const kkv_wt_impl impl = pass ? simd : KKV_WT_IMPL_SCALAR;
+                            const float *ob = pass ? oa : os;
+                            kkv_matmul_ex(NULL, o1, &w, x + (size_t)j * (size_t)cols, 1, impl);
                             CHECK(memcmp(o1, ob + (size_t)j * (size_t)rows, sizeof(float) * (size_t)rows) == 0,
                                   "%s impl %d: row result depends on n/threads (n=%d j=%d)", kkv_wt_name(type),
                                   impl, n, j);
@@ -836,7 +850,11 @@ int main(int argc, char **argv) {
     test_packed();
     test_packed_extremes();
     test_invariance();
-    if (!kkv_cpu_get()->avx2) printf("note: no AVX2 on this CPU; SIMD comparisons skipped\n");
+    if (!kkv_cpu_get()->avx2 && !kkv_cpu_get()->neon)
+        printf("note: no AVX2 or NEON kernels here; SIMD comparisons skipped\n");
+    else if (kkv_cpu_get()->neon)
+        printf("NEON weight kernels checked against the scalar ones (%s)\n",
+               kkv_cpu_get()->dotprod ? "with sdot" : "without sdot");
     if (tu_failed()) return tu_summary();
     return tu_summary();
 }

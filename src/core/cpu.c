@@ -79,9 +79,15 @@ static void describe(char *name, size_t nn, char *fm, size_t nf) {
     snprintf(fm, nf, "family %u, model %u", family, model);
 }
 #else
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+/* HWCAP_ASIMDDP of <asm/hwcap.h>, which older C libraries do not define */
+#define KKV_HWCAP_ASIMDDP (1ul << 20)
+#endif
 static void detect(kkv_cpu *cpu) {
 #if defined(__aarch64__)
     cpu->neon = 1; /* part of the aarch64 base instruction set */
+    cpu->dotprod = (getauxval(AT_HWCAP) & KKV_HWCAP_ASIMDDP) != 0; /* the kernel says */
 #else
     (void)cpu;
 #endif
@@ -101,9 +107,9 @@ static void describe(char *name, size_t nn, char *fm, size_t nf) {
 static void name_line(const kkv_cpu *f) {
     char name[64], fm[48] = "";
     describe(name, sizeof name, fm, sizeof fm);
-    snprintf(cpu_line, sizeof cpu_line, "%s (%s%skernels: %s%s%s%s)", name, fm, *fm ? "; " : "",
+    snprintf(cpu_line, sizeof cpu_line, "%s (%s%skernels: %s%s%s%s%s)", name, fm, *fm ? "; " : "",
              f->avx512 ? "avx512" : f->avx2 ? "avx2" : f->neon ? "neon" : "scalar", f->vnni ? " vnni" : "", f->vbmi ? " vbmi" : "",
-             f->avxvnni ? " avx-vnni" : "");
+             f->avxvnni ? " avx-vnni" : "", f->dotprod ? " dotprod" : "");
 }
 
 static kkv_cpu cpu_features;
@@ -113,11 +119,13 @@ static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
  * dispatch path (tests and benchmarks use it): scalar (on aarch64 too); avx2 (no VNNI of any
  * kind); avxvnni (AVX2 + AVX-VNNI, no AVX-512); avx512vnni (AVX-512 with VNNI,
  * without VBMI: the 256-bit VNNI kernels); avx512 (AVX-512 without
- * VNNI). Other values leave what the CPU has. */
+ * VNNI); neon (aarch64 without the dot-product extension). Other values
+ * leave what the CPU has. */
 static void apply_cap(const char *cap) {
     if (strcmp(cap, "scalar") == 0)
         cpu_features.avx2 = cpu_features.avx512 = cpu_features.vnni = cpu_features.avxvnni =
-            cpu_features.neon = 0;
+            cpu_features.neon = cpu_features.dotprod = 0;
+    if (strcmp(cap, "neon") == 0) cpu_features.dotprod = 0;
     if (strcmp(cap, "avx2") == 0)
         cpu_features.avx512 = cpu_features.vnni = cpu_features.avxvnni = 0;
     if (strcmp(cap, "avxvnni") == 0) cpu_features.avx512 = cpu_features.vnni = 0;

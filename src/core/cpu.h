@@ -12,6 +12,7 @@ typedef struct kkv_cpu {
     int vbmi;   /* AVX-512 VBMI + VBMI2 (vpermb, vpcompressb) + VNNI */
     int wt_pf_l2; /* weight-stream prefetch into L2 (prefetcht2), else non-temporal */
     int neon;   /* aarch64 Advanced SIMD (always there on aarch64) */
+    int dotprod; /* aarch64 dot-product extension (sdot; Armv8.2+, HWCAP_ASIMDDP) */
 } kkv_cpu;
 
 /* Features of this CPU that this build can use; computed once. */

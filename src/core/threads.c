@@ -243,7 +243,12 @@ void kkv_tp_run(kkv_tp *tp, int n_tasks, kkv_task_fn fn, void *ctx) {
     for (int i = 0; atomic_load(&tp->busy) > 0 && still_spinning(i, &t0, tp->spin_ns); i++) cpu_relax();
     if (atomic_load(&tp->busy) > 0) {
         pthread_mutex_lock(&tp->mu);
-        atomic_store(&tp->caller_waiting, 1);
+        /* an exchange, not a store: the same in C11, but qemu-user (7.2, on
+         * an x86 host) runs an aarch64 store-release and the load-acquire
+         * after it without the store-to-load order ARM gives the pair, so
+         * the last worker could miss caller_waiting while this missed its
+         * decrement, and the emulated tests hung about one run in eight */
+        atomic_exchange(&tp->caller_waiting, 1);
         while (atomic_load(&tp->busy) > 0) pthread_cond_wait(&tp->done, &tp->mu);
         atomic_store(&tp->caller_waiting, 0);
         pthread_mutex_unlock(&tp->mu);

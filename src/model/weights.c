@@ -506,12 +506,12 @@ static float sdot_row_q(uint32_t type, const uint8_t *row, int64_t cols, const k
     return acc + accm;
 }
 
-static void scalar_dot_q(float *res, uint32_t type, const void *row, int64_t cols,
+void kkv_wt_scalar_dot_q(float *res, uint32_t type, const void *row, int64_t cols,
                          const kkv_q8x *const *xq, int nx) {
     for (int j = 0; j < nx; j++) res[j] = sdot_row_q(type, row, cols, xq[j]);
 }
 
-static void scalar_dot_f(float *res, uint32_t type, const void *row, int64_t cols,
+void kkv_wt_scalar_dot_f(float *res, uint32_t type, const void *row, int64_t cols,
                          const float *const *xf, int nx) {
     const uint8_t *r = row;
     for (int j = 0; j < nx; j++) {
@@ -531,7 +531,7 @@ static void scalar_dot_f(float *res, uint32_t type, const void *row, int64_t col
     }
 }
 
-const kkv_wt_kernels kkv_wt_kernels_scalar = {scalar_dot_q, scalar_dot_f, kkv_q8x_quantize, NULL, NULL,
+const kkv_wt_kernels kkv_wt_kernels_scalar = {kkv_wt_scalar_dot_q, kkv_wt_scalar_dot_f, kkv_q8x_quantize, NULL, NULL,
                                                  NULL, 0};
 
 /* ---- matmul driver ---- */
@@ -711,12 +711,20 @@ static const kkv_wt_kernels *pick_kernels(kkv_wt_impl impl) {
 #else
         return NULL;
 #endif
+    case KKV_WT_IMPL_NEON:
+#if defined(__aarch64__)
+        if (kkv_cpu_get()->neon) return kkv_cpu_get()->dotprod ? &kkv_wt_kernels_neon_dotprod : &kkv_wt_kernels_neon;
+#endif
+        return NULL;
     case KKV_WT_IMPL_AUTO:
 #if defined(__x86_64__) || defined(__i386__)
         /* the VNNI builds give the AVX2 kernels' bits, faster */
         if (kkv_cpu_get()->vnni) return &kkv_wt_kernels_vnni;
         if (kkv_cpu_get()->avxvnni) return &kkv_wt_kernels_avxvnni;
         if (kkv_cpu_get()->avx2) return &kkv_wt_kernels_avx2;
+#endif
+#if defined(__aarch64__)
+        if (kkv_cpu_get()->neon) return pick_kernels(KKV_WT_IMPL_NEON);
 #endif
         return &kkv_wt_kernels_scalar;
     }

@@ -64,6 +64,9 @@ typedef enum kkv_wt_impl {
      * reference, where Q8 rounding (a step function) makes trajectories
      * drift apart. */
     KKV_WT_IMPL_F32 = 3,
+    /* aarch64: the NEON kernels (with sdot where the CPU has the dot-product
+     * extension); the scalar kernels' bits. */
+    KKV_WT_IMPL_NEON = 4,
 } kkv_wt_impl;
 
 /* out: [n][rows] = x @ w^T, x: [n][cols], with the kernels impl selects.
@@ -196,11 +199,24 @@ typedef struct kkv_wt_kernels {
 #define KKV_WT_ROWS16 16
 
 extern const kkv_wt_kernels kkv_wt_kernels_scalar;
+/* The scalar table's dot_q and dot_f (the NEON tables take them for what
+ * their row kernels do not cover). */
+void kkv_wt_scalar_dot_q(float *res, uint32_t type, const void *row, int64_t cols, const kkv_q8x *const *xq,
+                         int nx);
+void kkv_wt_scalar_dot_f(float *res, uint32_t type, const void *row, int64_t cols, const float *const *xf,
+                         int nx);
 #if defined(__x86_64__) || defined(__i386__)
 extern const kkv_wt_kernels kkv_wt_kernels_avx2;
 /* The AVX2 kernels with vpdpbusd (AVX-512 VNNI / AVX-VNNI): bit-identical. */
 extern const kkv_wt_kernels kkv_wt_kernels_vnni;
 extern const kkv_wt_kernels kkv_wt_kernels_avxvnni;
+#endif
+#if defined(__aarch64__)
+/* NEON (weights_neon_impl.h): the scalar kernels' bits for Q4_0, Q4_1, Q8_0
+ * rows side by side and for every packed type; the dotprod build is the same
+ * with sdot. */
+extern const kkv_wt_kernels kkv_wt_kernels_neon;
+extern const kkv_wt_kernels kkv_wt_kernels_neon_dotprod;
 #endif
 
 #endif
