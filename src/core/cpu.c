@@ -79,7 +79,7 @@ static void describe(char *name, size_t nn, char *fm, size_t nf) {
     snprintf(fm, nf, "family %u, model %u", family, model);
 }
 #else
-#if defined(__aarch64__)
+#if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 /* HWCAP_ASIMDDP of <asm/hwcap.h>, which older C libraries do not define */
 #define KKV_HWCAP_ASIMDDP (1ul << 20)
@@ -87,7 +87,9 @@ static void describe(char *name, size_t nn, char *fm, size_t nf) {
 static void detect(kkv_cpu *cpu) {
 #if defined(__aarch64__)
     cpu->neon = 1; /* part of the aarch64 base instruction set */
+#if defined(__linux__)
     cpu->dotprod = (getauxval(AT_HWCAP) & KKV_HWCAP_ASIMDDP) != 0; /* the kernel says */
+#endif /* elsewhere no sdot: the base NEON kernels give the same bits */
 #else
     (void)cpu;
 #endif
