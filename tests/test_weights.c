@@ -821,8 +821,11 @@ static int mode_bench_stream(void) {
 }
 
 /* KKV_WT_PF=l2|nta (set by the test_weights_pf_* runs) must reach the hint
- * the kernels read; the rest of this test then checks the bits under it. */
-static void test_prefetch_hint(void) {
+ * the kernels read, and KKV_CPU=neon (test_weights_nodotprod) must take sdot
+ * away; the rest of this test then checks the bits under them. */
+static void test_env_caps(void) {
+    const char *cap = getenv("KKV_CPU");
+    if (cap && strcmp(cap, "neon") == 0) CHECK(kkv_cpu_get()->dotprod == 0, "KKV_CPU=neon left dotprod on");
     const char *pf = getenv("KKV_WT_PF");
     if (pf && strcmp(pf, "l2") == 0) CHECK(kkv_cpu_get()->wt_pf_l2 == 1, "KKV_WT_PF=l2 not applied");
     if (pf && strcmp(pf, "nta") == 0) CHECK(kkv_cpu_get()->wt_pf_l2 == 0, "KKV_WT_PF=nta not applied");
@@ -841,7 +844,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "--bench") == 0) return mode_bench(argc >= 3 ? argv[2] : NULL);
     if (argc >= 2 && strcmp(argv[1], "--bench-stream") == 0) return mode_bench_stream();
 
-    test_prefetch_hint();
+    test_env_caps();
     test_type_table();
     test_dequant_known();
     test_q8x();

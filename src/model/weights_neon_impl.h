@@ -140,13 +140,17 @@ AI void nw_rows(float *res, uint32_t type, nw_src src, const int packed, int64_t
     nw_f32 acc[KKV_WT_NX], accm[KKV_WT_NX];
     for (int j = 0; j < nx; j++) acc[j] = accm[j] = (nw_f32){vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
     const int8x16_t m4 = vdupq_n_s8(0x0f), m16 = vdupq_n_s8(0x10);
-    if (type == KKV_WT_Q4_0 || type == KKV_WT_Q4_1 || type == KKV_WT_Q5_0 || type == KKV_WT_Q5_1) {
+    /* Q5 and the K-quants only packed (their fifth bits are transposed
+     * there): `packed &&` keeps them out of the unpacked copies, whose types
+     * nw_rows_covers limits to Q4_0, Q4_1 and Q8_0 */
+    const int q5 = packed && (type == KKV_WT_Q5_0 || type == KKV_WT_Q5_1);
+    if (type == KKV_WT_Q4_0 || type == KKV_WT_Q4_1 || q5) {
         /* Q4: fp16 d, [fp16 m], 16 code bytes (values 4i.. in the low
          * nibbles of register i, 16 + 4i.. in the high). Q5 adds the fifth
          * bits, packed transposed (kkv_wt_pack): bit g of byte k of a lane of
          * h is the fifth bit of value 4g + k, so one per-byte shift by 4 - g
          * and a mask put it at bit 4 of register g's byte k. */
-        const int five = type == KKV_WT_Q5_0 || type == KKV_WT_Q5_1;
+        const int five = q5;
         const int one = type == KKV_WT_Q4_1 || type == KKV_WT_Q5_1;
         const size_t bb = five ? (one ? 24 : 22) : (one ? 20 : 18);
         const size_t qoff = five ? (one ? 8 : 6) : (one ? 4 : 2), hoff = one ? 4 : 2;
@@ -192,7 +196,7 @@ AI void nw_rows(float *res, uint32_t type, nw_src src, const int packed, int64_t
                 acc[j] = add_block(acc[j], dw, x->d, dot_codes(c, x, 0, 8));
             }
         }
-    } else if (type == KKV_WT_Q4_K || type == KKV_WT_Q5_K) {
+    } else if (packed && (type == KKV_WT_Q4_K || type == KKV_WT_Q5_K)) {
         /* Super-blocks of 256 values: fp16 d, dmin, 12 bytes of six-bit
          * scales and mins (weights.c k4_scale_min), [Q5_K: 32 bytes qh, bit
          * k of byte l the fifth bit of sub-block k's value l], 128 code bytes
@@ -237,7 +241,7 @@ AI void nw_rows(float *res, uint32_t type, nw_src src, const int packed, int64_t
                 }
             }
         }
-    } else { /* KKV_WT_Q6_K */
+    } else if (packed && type == KKV_WT_Q6_K) {
         /* Super-blocks of 256 values (210 bytes): ql[128], qh[64], 16 int8
          * scales, fp16 d. Block k (half h = k / 4, quarter q = k % 4): the
          * low (q < 2) or high nibbles of ql[64 h + 32 (q % 2) ..] with bits
