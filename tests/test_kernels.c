@@ -129,9 +129,9 @@ static void quick_done(const char *table, const char *what) {
     if (quick) printf("  %s %s done (%.1f s of CPU)\n", table, what, (double)clock() / CLOCKS_PER_SEC);
 }
 
-/* Set while the primitives of a table that promises the scalar kernels'
- * bits (NEON: attn_neon.c) are checked: every value must then be equal to
- * the reference's, not only close. */
+/* Set while the fp16 primitives of a table that promises the scalar
+ * kernels' bits (NEON: attn_neon.c) are checked: every value must then be
+ * equal to the reference's, not only close. */
 static int want_bits;
 
 static int close_to(float a, float b, double mag, cmp_stats *st) {
@@ -617,7 +617,7 @@ static void test_end_to_end(kkv_kernel fast, double *worst_ref, double *worst_k)
                                     double e3 = fabs(os[qi * D + j] - ref[j]) / mag;
                                     *worst_ref = fmax(*worst_ref, e3);
                                     *worst_k = fmax(*worst_k, e2);
-                                    double tol_k = fast == KKV_KERNEL_AVX2 && !m->fp16 ? TOL_E2E_INT : TOL_PRIM;
+                                    double tol_k = (fast == KKV_KERNEL_AVX2 || fast == KKV_KERNEL_NEON) && !m->fp16 ? TOL_E2E_INT : TOL_PRIM;
                                     bad_ref += e1 > TOL_REF + tol_k || e3 > TOL_REF;
                                     bad_k += e2 > tol_k;
                                 }
@@ -826,12 +826,15 @@ static void test_byte_blocks(tu_rng *r) {
     printf("kernel avx2 byte qk_page: %d pages at the int16 block bound within the derived bound\n", n_cmp);
 }
 
+#endif
+
 /* Inputs the integer path cannot represent (an infinite query, a negative,
  * NaN or infinite probability) take exactly the float kernels' result, and
  * nothing of the integer pass is left in acc: the shapes with their own
  * constant-size copies (D 64 / 3 heads, D 256 / 4), more heads than one pass
  * (the bad value in the second pass), pages longer than one token block. */
-static void test_fallback_exact(const char *name, qk_page_fn qk, pv_page_fn pv, tu_rng *r) {
+static void test_fallback_exact(const char *name, qk_page_fn qk, pv_page_fn pv, qk_page_fn qk_float,
+                                pv_page_fn pv_float, tu_rng *r) {
     static const int shapes[][3] = {{64, 128, 3}, {256, 128, 4}, {64, 128, 6}, {12, 256, 2}, {64, 256, 5}};
     int n_cmp = 0;
     for (int si = 0; si < NELEM(shapes) && !tu_failed(); si++) {
@@ -845,12 +848,12 @@ static void test_fallback_exact(const char *name, qk_page_fn qk, pv_page_fn pv, 
         kkv_value_page_encode(vp, x, D, G, 2);
         for (int i = 0; i < R * D; i++) q[i] = tu_normal(r);
         q[(size_t)(R - 1) * D + D / 2] = INFINITY;
-        kkv_avx2_qk_page(s0, q, R, kp, D, G, nb);
+        qk_float(s0, q, R, kp, D, G, nb);
         qk(s1, q, R, kp, D, G, nb);
         CHECK(memcmp(s0, s1, (size_t)R * G * 4) == 0, "%s qk_page D=%d G=%d n_rep=%d, an infinite query: not the float kernel's result", name, D, G, R);
         { /* a head of tiny queries: a step that would not be a normal float */
             for (int j = 0; j < D; j++) q[(size_t)(R - 1) * D + j] = 1e-36f * (float)(j % 5 - 2);
-            kkv_avx2_qk_page(s0, q, R, kp, D, G, nb);
+            qk_float(s0, q, R, kp, D, G, nb);
             qk(s1, q, R, kp, D, G, nb);
             CHECK(memcmp(s0, s1, (size_t)R * G * 4) == 0, "%s qk_page D=%d G=%d n_rep=%d, a tiny query: not the float kernel's result", name, D, G, R);
         }
@@ -860,7 +863,7 @@ static void test_fallback_exact(const char *name, qk_page_fn qk, pv_page_fn pv, 
             p[(size_t)(b == 1 ? 0 : R - 1) * G + G - 3] = bad[b];
             rand_f32(r, a0, R * D);
             memcpy(a1, a0, (size_t)R * D * 4);
-            kkv_avx2_pv_page(a0, p, R, vp, D, G, 2);
+            pv_float(a0, p, R, vp, D, G, 2);
             pv(a1, p, R, vp, D, G, 2);
             CHECK(memcmp(a0, a1, (size_t)R * D * 4) == 0, "%s pv_page D=%d G=%d n_rep=%d, probability %g: not the float kernel's result", name, D, G, R, (double)bad[b]);
             n_cmp += 2;
@@ -870,6 +873,58 @@ static void test_fallback_exact(const char *name, qk_page_fn qk, pv_page_fn pv, 
     printf("kernel %s: %d non-representable page calls equal to the float kernels\n", name, n_cmp);
 }
 
+/* One machine-independent hash of what the integer page kernels of the
+ * AVX2 tables (attn_qkbyte_avx2.c, attn_qkwide_avx2.c, attn_int_impl.h) and
+ * of the NEON table (attn_int_neon.c) compute: both take the same folds,
+ * steps and float operations, and exact integer sums, so an x86 and an ARM
+ * machine must both give PAGE_INT_HASH. The pages and inputs come from
+ * tu_uniform and exact float operations only (no libm), the same bytes on
+ * every machine; shapes cover D 4..256, partial and later chunks, n_boost
+ * 0..D on both sides of D / 2 (the 8-bit and the 16-bit query), head counts
+ * 1..8, 2- and 4-bit values, and zero probabilities. */
+#define PAGE_INT_HASH 0x426aaef305eb4beeull
+static uint64_t fnv_bytes(uint64_t h, const void *p, size_t n) { /* FNV-1a 64 */
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+static void test_page_hash(const char *name, const kkv_ops *k) {
+    static const int shapes[][4] = { /* D, G, n_boost, heads */
+        {4, 4, 0, 1},      {4, 12, 1, 3},     {4, 12, 3, 2},      {12, 100, 2, 4},   {12, 100, 7, 1},
+        {20, 128, 5, 3},   {36, 260, 9, 8},   {36, 68, 20, 5},    {64, 128, 0, 3},   {64, 128, 8, 3},
+        {64, 128, 32, 4},  {64, 128, 33, 3},  {64, 128, 64, 2},   {64, 260, 16, 6},  {128, 128, 16, 7},
+        {128, 100, 70, 3}, {256, 128, 32, 4}, {256, 128, 200, 1}, {256, 260, 0, 2}};
+    tu_rng r = tu_rng_make(4242);
+    uint64_t h = 0xcbf29ce484222325ull;
+    long n_out = 0;
+    for (int si = 0; si < NELEM(shapes); si++) {
+        int D = shapes[si][0], G = shapes[si][1], nb = shapes[si][2], R = shapes[si][3];
+        float *x = xmalloc((size_t)G * D * 4), *q = xmalloc((size_t)R * D * 4), *p = xmalloc((size_t)R * G * 4);
+        float *out = xmalloc((size_t)R * (G > D ? G : D) * 4);
+        uint8_t *kp = xmalloc(kkv_key_page_bytes(D, G, nb)), *vp = xmalloc(kkv_value_page_bytes(D, G, 4));
+        for (int i = 0; i < G * D; i++) /* an outlier channel and a near-dead one */
+            x[i] = tu_uniform(&r) * ((i % D) % 7 == 3 ? 8.0f : (i % D) % 11 == 5 ? 0.015625f : 1.0f);
+        for (int i = 0; i < R * D; i++) q[i] = 2.0f * tu_uniform(&r);
+        kkv_key_page_encode(kp, x, D, G, nb, KKV_SELECT_MAGNITUDE, 0, 0, NULL);
+        k->qk_page(out, q, R, kp, D, G, nb);
+        h = fnv_bytes(h, out, (size_t)R * G * 4);
+        n_out += (long)R * G;
+        for (int bits = 2; bits <= 4; bits += 2) {
+            kkv_value_page_encode(vp, x, D, G, bits);
+            for (int i = 0; i < R * G; i++) p[i] = i % 9 == 4 ? 0.0f : fabsf(tu_uniform(&r));
+            for (int i = 0; i < R * D; i++) out[i] = tu_uniform(&r);
+            k->pv_page(out, p, R, vp, D, G, bits);
+            h = fnv_bytes(h, out, (size_t)R * D * 4);
+            n_out += (long)R * D;
+        }
+        free(x), free(q), free(p), free(out), free(kp), free(vp);
+    }
+    printf("kernel %s: integer page kernels' hash %016llx over %ld outputs (pinned: %016llx)\n", name,
+           (unsigned long long)h, n_out, (unsigned long long)PAGE_INT_HASH);
+    CHECK(h == PAGE_INT_HASH, "%s: the integer page kernels' outputs are not the pinned ones (x86 AVX2 and "
+          "aarch64 NEON must agree bit for bit)", name);
+}
+
+#if defined(__x86_64__)
 /* The VBMI table's key kernel gives, bit for bit, the AVX2 8-bit kernel's
  * scores on pages with n_boost <= D / 2 (the same fold and step, exact
  * integer sums, the same float step) and the VBMI wide kernel's on the
@@ -1411,13 +1466,15 @@ int main(int argc, char **argv) {
         if (quick && kinds[i] == KKV_KERNEL_SCALAR) continue; /* the reference itself */
         tu_rng r = tu_rng_make(1000 + (uint64_t)i);
         cmp_stats st = {0};
-        want_bits = kinds[i] == KKV_KERNEL_NEON; /* the reference's bits: attn_neon.c */
+        want_bits = kinds[i] == KKV_KERNEL_NEON; /* the reference's bits: attn_neon.c's fp16 runs */
         const char *nm = kkv_kernel_name(tables[i]->kind);
         test_qk_f16(tables[i], &r, &st);
         quick_done(nm, "qk_f16");
         test_pv_f16(tables[i], &r, &st);
         quick_done(nm, "pv_f16");
-        int is_int = kinds[i] == KKV_KERNEL_AVX2 || kinds[i] == KKV_KERNEL_AVX512;
+        if (want_bits) printf("kernel %s: qk_f16, pv_f16 give the scalar kernels' bits\n", nm);
+        want_bits = 0;
+        int is_int = kinds[i] == KKV_KERNEL_AVX2 || kinds[i] == KKV_KERNEL_AVX512 || kinds[i] == KKV_KERNEL_NEON;
 #if defined(__x86_64__)
         int qk_bound = tables[i]->qk_page == kkv_vbmi512_qk_wide ? 2
                        : tables[i]->qk_page == kkv_avx2_qk_wide  ? 3
@@ -1425,14 +1482,12 @@ int main(int argc, char **argv) {
                        : tables[i]->qk_page == kkv_vbmi512_qk_byte ? 5
                                                                  : is_int; /* its own step */
 #else
-        int qk_bound = is_int;
+        int qk_bound = kinds[i] == KKV_KERNEL_NEON ? 4 : is_int; /* attn_int_neon.c: the AVX2 8-bit kernel's steps */
 #endif
         test_qk_page(nm, tables[i]->qk_page, qk_bound, &r, &st);
         quick_done(nm, "qk_page");
         test_pv_page(nm, tables[i]->pv_page, is_int, &r, &st);
         quick_done(nm, "pv_page");
-        if (want_bits) printf("kernel %s: qk_f16, pv_f16, qk_page, pv_page give the scalar kernels' bits\n", nm);
-        want_bits = 0;
         test_softmax(tables[i], &r, &st);
         test_softmax_held(tables[i], &r);
         quick_done(nm, "softmax");
@@ -1448,9 +1503,9 @@ int main(int argc, char **argv) {
         test_pv_page("avx2-float", kkv_avx2_pv_page, 0, &r, &st);
         printf("kernel avx2 float page fallback: worst error %.3g of magnitude (tolerance %g)\n", st.worst, TOL_PRIM);
         tu_rng rf = tu_rng_make(78);
-        test_fallback_exact("avx2-int", kkv_avx2i_qk_page, kkv_avx2i_pv_page, &rf);
-        test_fallback_exact("avx2-wide", kkv_avx2_qk_wide, kkv_avx2i_pv_page, &rf);
-        test_fallback_exact("avx2-byte", kkv_avx2_qk_byte, kkv_avx2i_pv_page, &rf);
+        test_fallback_exact("avx2-int", kkv_avx2i_qk_page, kkv_avx2i_pv_page, kkv_avx2_qk_page, kkv_avx2_pv_page, &rf);
+        test_fallback_exact("avx2-wide", kkv_avx2_qk_wide, kkv_avx2i_pv_page, kkv_avx2_qk_page, kkv_avx2_pv_page, &rf);
+        test_fallback_exact("avx2-byte", kkv_avx2_qk_byte, kkv_avx2i_pv_page, kkv_avx2_qk_page, kkv_avx2_pv_page, &rf);
         test_byte_blocks(&rf);
         test_qk_page("avx2-wide", kkv_avx2_qk_wide, 3, &r, &st); /* every n_boost; the table sends it n_boost > D / 2 */
     }
@@ -1465,7 +1520,7 @@ int main(int argc, char **argv) {
     if (cpu->vnni) {
         tu_rng r = tu_rng_make(91);
         test_vnni_exact("avx512-vnni", kkv_vnni512_qk_page, kkv_vnni512_pv_page, &r);
-        test_fallback_exact("avx512-vnni", kkv_vnni512_qk_page, kkv_vnni512_pv_page, &r);
+        test_fallback_exact("avx512-vnni", kkv_vnni512_qk_page, kkv_vnni512_pv_page, kkv_avx2_qk_page, kkv_avx2_pv_page, &r);
     } else {
         printf("kernel avx512-vnni: not on this CPU (or capped by KKV_CPU), skipped\n");
     }
@@ -1485,8 +1540,8 @@ int main(int argc, char **argv) {
     if (cpu->vbmi) {
         tu_rng r = tu_rng_make(95);
         test_vnni_exact("avx512-vbmi", NULL, kkv_vbmi512_pv_page, &r);
-        test_fallback_exact("avx512-vbmi", kkv_vbmi512_qk_wide, kkv_vbmi512_pv_page, &r);
-        test_fallback_exact("avx512-vbmi-byte", kkv_vbmi512_qk_byte, kkv_vbmi512_pv_page, &r);
+        test_fallback_exact("avx512-vbmi", kkv_vbmi512_qk_wide, kkv_vbmi512_pv_page, kkv_avx2_qk_page, kkv_avx2_pv_page, &r);
+        test_fallback_exact("avx512-vbmi-byte", kkv_vbmi512_qk_byte, kkv_vbmi512_pv_page, kkv_avx2_qk_page, kkv_avx2_pv_page, &r);
     } else {
         printf("kernel avx512-vbmi: not on this CPU (or capped by KKV_CPU), skipped\n");
     }
@@ -1494,7 +1549,7 @@ int main(int argc, char **argv) {
         tu_rng r = tu_rng_make(92);
         cmp_stats st = {0};
         test_vnni_exact("avx-vnni", kkv_avxvnni_qk_page, kkv_avxvnni_pv_page, &r);
-        test_fallback_exact("avx-vnni", kkv_avxvnni_qk_page, kkv_avxvnni_pv_page, &r);
+        test_fallback_exact("avx-vnni", kkv_avxvnni_qk_page, kkv_avxvnni_pv_page, kkv_avx2_qk_page, kkv_avx2_pv_page, &r);
         test_qk_page("avx-vnni", kkv_avxvnni_qk_page, 1, &r, &st);
         test_pv_page("avx-vnni", kkv_avxvnni_pv_page, 1, &r, &st);
     } else {
@@ -1502,8 +1557,16 @@ int main(int argc, char **argv) {
     }
 #endif
     printf("integer page kernels: worst error %.3g of the derived bound (must be <= 1)\n", worst_int_ratio);
+#if defined(__x86_64__)
+    if (cpu->avx2) test_page_hash("avx2", kkv_ops_get(KKV_KERNEL_AVX2));
+#endif
 #if defined(__aarch64__)
-    if (cpu->neon) test_exp_neon();
+    if (cpu->neon) {
+        test_exp_neon();
+        test_page_hash("neon", &kkv_ops_neon);
+        tu_rng rf = tu_rng_make(79);
+        test_fallback_exact("neon", kkv_neon_qk_page, kkv_neon_pv_page, kkv_neon_qk_page_f32, kkv_neon_pv_page_f32, &rf);
+    }
 #endif
     double worst_ref = 0, worst_k = 0;
     kkv_kernel fast = cpu->avx2 ? KKV_KERNEL_AVX2 : cpu->neon ? KKV_KERNEL_NEON : KKV_KERNEL_SCALAR;

@@ -1,18 +1,19 @@
 /* NEON kernels for aarch64, where Advanced SIMD is part of the base
- * instruction set (no runtime check). The four attention primitives compute
- * what the scalar reference (attn_scalar.c) computes, operation for
- * operation and in the same order for every output, only several outputs at
- * a time: q.k across 4 or 16 tokens, p.v across 4 or 16 channels. Products
- * and sums stay separate instructions, as the reference rounds each product
- * before adding it (the build has -ffp-contract=off), so qk_f16, pv_f16,
- * qk_page and pv_page give the scalar kernels' bits, and a result on an ARM
- * machine is the reference result (tests/test_kernels.c compares bytes).
+ * instruction set (no runtime check). The fp16-run primitives and the
+ * float page kernels compute what the scalar reference (attn_scalar.c)
+ * computes, operation for operation and in the same order for every output,
+ * only several outputs at a time: q.k across 4 or 16 tokens, p.v across 4 or
+ * 16 channels. Products and sums stay separate instructions, as the
+ * reference rounds each product before adding it (the build has
+ * -ffp-contract=off), so qk_f16, pv_f16 and the float page kernels give the
+ * scalar kernels' bits (tests/test_kernels.c compares bytes). The table's
+ * page kernels are the integer-domain ones of attn_int_neon.c (the AVX2
+ * tables' bits); the float ones here take the pages they cannot represent.
  * The softmax takes kkv_exp_soft on 4 lanes (core/exp_poly_neon.h) where
  * the reference calls libm's expf: it agrees with it to rounding, the
  * contract of kernels.h. The flush codecs are the scalar ones.
  *
- * Not here yet: integer-domain page kernels (sdot on an 8-bit folded
- * query, as the x86 tables do) and FMA forms; they change rounding and
+ * Not here yet: FMA forms of the fp16 kernels; they change rounding and
  * only pay where they can be timed on ARM hardware, which this project's
  * machines are not (CI runs these kernels under qemu-user). */
 #include <arm_neon.h>
@@ -154,8 +155,8 @@ static void pv_f16(float *acc, const float *p, int n_rep, const uint16_t *v, int
 /* s [n_rep][G] over one key page: 16 tokens a step; per channel in order,
  * the 16 keys code * scale + mn (as the page codec decodes them), then each
  * head's product added. */
-static void qk_page(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
-                    int nb) {
+void kkv_neon_qk_page_f32(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
+                          int nb) {
     kkv_key_layout L = kkv_key_layout_of(D, G, nb);
     const uint8_t *idx = page + L.idx;
     float scale[KKV_MAX_HEAD_DIM], mn[KKV_MAX_HEAD_DIM]; // [D] each
@@ -202,8 +203,8 @@ static void qk_page(float *s, const float *q, int n_rep, const uint8_t *page, in
  * code * scale_t + mn_t as the codec decodes them. The tokens come in chunks
  * whose scales are widened once, not once per 16 channels; every output
  * still sums its tokens in order. */
-static void pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
-                    int bits) {
+void kkv_neon_pv_page_f32(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G,
+                          int bits) {
     enum { TC = 64 }; /* tokens a chunk */
     kkv_value_layout L = kkv_value_layout_of(D, G, bits);
     const size_t row = (size_t)D * bits / 8;
@@ -297,9 +298,9 @@ static void softmax(float *sc, float *ml, float *acc, int n_rep, int n, int D, f
 const kkv_ops kkv_ops_neon = {
     .kind = KKV_KERNEL_NEON,
     .qk_f16 = qk_f16,
-    .qk_page = qk_page,
+    .qk_page = kkv_neon_qk_page, /* attn_int_neon.c */
     .pv_f16 = pv_f16,
-    .pv_page = pv_page,
+    .pv_page = kkv_neon_pv_page,
     .key_encode = kkv_scalar_key_encode,
     .value_encode = kkv_scalar_value_encode,
     .softmax = softmax,

@@ -11,13 +11,14 @@
  *  - qk_page, pv_page of a SIMD variant work in the integer domain and
  *    differ from the scalar ones by one quantization step of the folded
  *    query / probabilities. The value kernels (attn_int_impl.h: AVX2, VNNI
- *    and VBMI builds) all give the same bits. The key kernels: the AVX2
+ *    and VBMI builds; attn_int_neon.c on aarch64) all give the same bits. The key kernels: the AVX2
  *    tables' (attn_qkbyte_avx2.c, 8 bits, which hands pages with more
  *    than D / 2 boosted channels to attn_qkwide_avx2.c, 16 bits), the
  *    VBMI table's (attn_qkwide_vbmi_avx512.c: the AVX2 8-bit kernel's bits,
  *    and 15 bits on the pages with more than D / 2 boosted) and the int8 ones of
  *    attn_int_impl.h (the AVX-512 VNNI table's; their AVX2 and AVX-VNNI
- *    builds stay tested):
+ *    builds stay tested); the NEON table's (attn_int_neon.c) gives the AVX2
+ *    tables' bits, the 8-bit query and the 16-bit one on the same pages:
  *      qk_page: |s_t - ref| <= sum_j d_g(j)/2 * |c_tj - maxq_j/2| + rounding,
  *        int8: d_g = max_{j in group g} |q_j scale_j| / 127, channel groups
  *        by key range scale_j * maxq_j (within 4x, 16x of the page's
@@ -98,7 +99,13 @@ extern const kkv_ops kkv_ops_avx512vnni; /* AVX-512 + VNNI page kernels */
 extern const kkv_ops kkv_ops_avx512vbmi; /* AVX-512 VBMI + VNNI (512-bit) page kernels */
 #endif
 #if defined(__aarch64__)
-extern const kkv_ops kkv_ops_neon; /* attn_neon.c: q.k and p.v give the scalar kernels' bits */
+extern const kkv_ops kkv_ops_neon; /* attn_neon.c, with the page kernels of attn_int_neon.c */
+/* attn_int_neon.c: the integer-domain page kernels (the AVX2 tables' bits) */
+void kkv_neon_qk_page(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb);
+void kkv_neon_pv_page(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G, int bits);
+/* attn_neon.c: the float page kernels they fall back to (the scalar kernels' bits) */
+void kkv_neon_qk_page_f32(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb);
+void kkv_neon_pv_page_f32(float *acc, const float *p, int n_rep, const uint8_t *page, int D, int G, int bits);
 #endif
 
 #endif
