@@ -783,10 +783,11 @@ static void test_vnni_exact(const char *name, qk_page_fn qk, pv_page_fn pv, tu_r
 }
 #endif
 
-#if defined(__x86_64__)
 /* The AVX2 8-bit key kernel sums every pair of a pass in one int16 block
  * when the query's bound sum_j 3 |x_j| + sum_k 12 |x_rank k| is <= 32767,
- * and in two (channel pairs, then high ranks) otherwise. Pages where every
+ * and in two (channel pairs, then high ranks) otherwise; the NEON one
+ * (attn_int_neon.c) widens its int16 sums wherever the running bound would
+ * pass 32767 (one segment here, or two and three). Pages where every
  * code is 0 or its largest value and queries where every |x| is 127 (each
  * channel's q times its scale the same) put the int16 sums at that bound:
  * D 64 with 5 boosted channels just under it (one block, sums up to 32004),
@@ -794,7 +795,7 @@ static void test_vnni_exact(const char *name, qk_page_fn qk, pv_page_fn pv, tu_r
  * under it; all heads positive
  * (sums at the bound) and alternating signs. Scores within the derived
  * bound of the scalar reference either way. */
-static void test_byte_blocks(tu_rng *r) {
+static void test_byte_blocks(const char *name, qk_page_fn fn, tu_rng *r) {
     /* D, G, heads, n_boost, one block */
     static const int shapes[][5] = {{64, 128, 3, 5, 1}, {64, 128, 3, 8, 0}, {256, 128, 4, 32, 0}, {12, 20, 2, 3, 1}};
     cmp_stats st = {0};
@@ -815,18 +816,16 @@ static void test_byte_blocks(tu_rng *r) {
             for (int h = 0; h < R; h++)
                 for (int j = 0; j < D; j++) /* q scale the same on every channel: 4-bit scales are 1/5 */
                     q[(size_t)h * D + j] = (page[L.idx + j] < nb ? 5.0f : 1.0f) * (sign && j % 2 ? -1.0f : 1.0f);
-            int bad = check_qk_page(kkv_avx2_qk_byte, 4, q, R, page, kd, D, G, nb, s0, s1, &st);
-            CHECK(!bad, "avx2 byte qk_page D=%d nb=%d (%s), %s signs: %d scores off", D, nb,
+            int bad = check_qk_page(fn, 4, q, R, page, kd, D, G, nb, s0, s1, &st);
+            CHECK(!bad, "%s byte qk_page D=%d nb=%d (%s), %s signs: %d scores off", name, D, nb,
                   one_block ? "one block" : "two blocks", sign ? "alternating" : "equal", bad);
             n_cmp++;
         }
         free(x), free(kd), free(q), free(s0), free(s1), free(page);
     }
     (void)r;
-    printf("kernel avx2 byte qk_page: %d pages at the int16 block bound within the derived bound\n", n_cmp);
+    printf("kernel %s byte qk_page: %d pages at the int16 block bound within the derived bound\n", name, n_cmp);
 }
-
-#endif
 
 /* Inputs the integer path cannot represent (an infinite query, a negative,
  * NaN or infinite probability) take exactly the float kernels' result, and
@@ -1506,7 +1505,7 @@ int main(int argc, char **argv) {
         test_fallback_exact("avx2-int", kkv_avx2i_qk_page, kkv_avx2i_pv_page, kkv_avx2_qk_page, kkv_avx2_pv_page, &rf);
         test_fallback_exact("avx2-wide", kkv_avx2_qk_wide, kkv_avx2i_pv_page, kkv_avx2_qk_page, kkv_avx2_pv_page, &rf);
         test_fallback_exact("avx2-byte", kkv_avx2_qk_byte, kkv_avx2i_pv_page, kkv_avx2_qk_page, kkv_avx2_pv_page, &rf);
-        test_byte_blocks(&rf);
+        test_byte_blocks("avx2", kkv_avx2_qk_byte, &rf);
         test_qk_page("avx2-wide", kkv_avx2_qk_wide, 3, &r, &st); /* every n_boost; the table sends it n_boost > D / 2 */
     }
     if (cpu->avx2) {
@@ -1566,6 +1565,7 @@ int main(int argc, char **argv) {
         test_page_hash("neon", &kkv_ops_neon);
         tu_rng rf = tu_rng_make(79);
         test_fallback_exact("neon", kkv_neon_qk_page, kkv_neon_pv_page, kkv_neon_qk_page_f32, kkv_neon_pv_page_f32, &rf);
+        test_byte_blocks("neon", kkv_neon_qk_page, &rf); /* one int16 segment, and several */
     }
 #endif
     double worst_ref = 0, worst_k = 0;

@@ -210,50 +210,82 @@ AI void widen_into(int32_t *a, int16x8_t lo, int16x8_t hi) {
     vst1q_s32(a + 12, vaddw_high_s16(vld1q_s32(a + 12), hi));
 }
 
-/* One chunk of RB heads with an int8 query: per phase pair, every channel
- * row (weight x_j, codes 0..3) and every high-plane rank row (weight
- * x_rank, codes taken as 4 c, 0..12) multiplied into int16 sums by
- * vmlal_s8; the sums go to a32 whenever the next row could overflow them
- * (bound: sum of 3 |x| or 12 |x| over the rows since the last widening, the
- * largest head's). w8: [RB][row] the int8 weights; wmax: [row] their largest
- * |x| over the RB heads; the rows are the D channel rows, then the nb ranks. */
-AI void key_chunk8(int32_t (*a32)[4][KB], const int8_t (*w8)[WX], const int16_t *wmax, const key_view *V,
-                   size_t rowb, int D, int nb, int c, int nbytes, int RB) {
-    memset(a32, 0, sizeof(int32_t) * 4 * KB * (size_t)RB);
-    for (int k0 = 0; k0 < 4; k0 += 2) {
+/* Rows [0, n) of a plane (rows rowb apart, from row byte c on) into the
+ * int16 sums acc [head][phase k0, k0 + 1][bytes 0-7, 8-15] of RB heads:
+ * each row's codes of the two phases (x4: a high plane's, taken as 4 c)
+ * times the head's int8 weight w8 [head][w0 + i], by vmlal_s8. full: KB
+ * bytes a row (a plain load), else nbytes zero-extended. Always inlined with
+ * constant k0, x4, full and RB, so the loop carries no branch. */
+AI void rows8(int16x8_t (*acc)[2][2], const int8_t (*w8)[WX], const uint8_t *rows, size_t rowb, int w0, int n,
+              int k0, int x4, int full, int nbytes, int RB) {
+    const uint8x16_t m3 = vdupq_n_u8(3);
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = rows + (size_t)i * rowb;
+        uint8x16_t B = full ? vld1q_u8(p) : row16(p, nbytes);
+        uint8x16_t X0 = vandq_u8(k0 ? vshrq_n_u8(B, 4) : B, m3);
+        uint8x16_t X1 = vandq_u8(k0 ? vshrq_n_u8(B, 6) : vshrq_n_u8(B, 2), m3);
+        if (x4) X0 = vshlq_n_u8(X0, 2), X1 = vshlq_n_u8(X1, 2);
+        int8x16_t Y0 = vreinterpretq_s8_u8(X0), Y1 = vreinterpretq_s8_u8(X1);
+        for (int r = 0; r < RB; r++) {
+            int8x16_t w = vld1q_dup_s8(&w8[r][w0 + i]);
+            acc[r][0][0] = vmlal_s8(acc[r][0][0], vget_low_s8(Y0), vget_low_s8(w));
+            acc[r][0][1] = vmlal_high_s8(acc[r][0][1], Y0, w);
+            acc[r][1][0] = vmlal_s8(acc[r][1][0], vget_low_s8(Y1), vget_low_s8(w));
+            acc[r][1][1] = vmlal_high_s8(acc[r][1][1], Y1, w);
+        }
+    }
+}
+
+/* Phases k0 and k0 + 1 of one chunk for RB heads with an int8 query: the
+ * rows of each segment [seg[i], seg[i + 1]) (row D + k is rank k's high
+ * plane) summed in int16, then widened into a32 [head][phase][byte]. The
+ * segments end where the next row could take a sum past int16 (the bound
+ * sum of 3 |x| over channel rows and 12 |x| over rank rows, the largest
+ * head's: key_segments). */
+AI void pass8(int32_t (*a32)[4][KB], const int8_t (*w8)[WX], const key_view *V, size_t rowb, int D,
+              const int *seg, int nseg, int c, int nbytes, int k0, int full, int RB) {
+    for (int g = 0; g < nseg; g++) {
         int16x8_t acc[RBK][2][2];
         for (int r = 0; r < RB; r++)
             for (int e = 0; e < 2; e++) acc[r][e][0] = acc[r][e][1] = vdupq_n_s16(0);
-        int budget = 0;
-        for (int row = 0; row < D + nb; row++) {
-            int high = row >= D;
-            int step = (high ? 12 : 3) * wmax[row];
-            if (budget + step > 32767) { /* widen before a sum could pass int16 */
-                for (int r = 0; r < RB; r++)
-                    for (int e = 0; e < 2; e++) {
-                        widen_into(a32[r][k0 + e], acc[r][e][0], acc[r][e][1]);
-                        acc[r][e][0] = acc[r][e][1] = vdupq_n_s16(0);
-                    }
-                budget = 0;
-            }
-            budget += step;
-            const uint8_t *p = (high ? V->hi + (size_t)(row - D) * rowb : V->lo + (size_t)row * rowb) + c;
-            uint8x16_t B = row16(p, nbytes), m3 = vdupq_n_u8(3);
-            uint8x16_t X0 = vandq_u8(k0 ? vshrq_n_u8(B, 4) : B, m3);
-            uint8x16_t X1 = vandq_u8(k0 ? vshrq_n_u8(B, 6) : vshrq_n_u8(B, 2), m3);
-            if (high) X0 = vshlq_n_u8(X0, 2), X1 = vshlq_n_u8(X1, 2);
-            int8x16_t Y0 = vreinterpretq_s8_u8(X0), Y1 = vreinterpretq_s8_u8(X1);
-            for (int r = 0; r < RB; r++) {
-                int8x16_t w = vdupq_n_s8(w8[r][row]);
-                acc[r][0][0] = vmlal_s8(acc[r][0][0], vget_low_s8(Y0), vget_low_s8(w));
-                acc[r][0][1] = vmlal_high_s8(acc[r][0][1], Y0, w);
-                acc[r][1][0] = vmlal_s8(acc[r][1][0], vget_low_s8(Y1), vget_low_s8(w));
-                acc[r][1][1] = vmlal_high_s8(acc[r][1][1], Y1, w);
-            }
+        int b = seg[g], e = seg[g + 1];
+        if (b < D) /* channel rows */
+            rows8(acc, w8, V->lo + (size_t)b * rowb + c, rowb, b, (e < D ? e : D) - b, k0, 0, full, nbytes, RB);
+        if (e > D) { /* rank rows */
+            int hb = b > D ? b : D;
+            rows8(acc, w8, V->hi + (size_t)(hb - D) * rowb + c, rowb, hb, e - hb, k0, 1, full, nbytes, RB);
         }
         for (int r = 0; r < RB; r++)
-            for (int e = 0; e < 2; e++) widen_into(a32[r][k0 + e], acc[r][e][0], acc[r][e][1]);
+            for (int h = 0; h < 2; h++) widen_into(a32[r][k0 + h], acc[r][h][0], acc[r][h][1]);
     }
+}
+
+/* One chunk of RB heads with an int8 query: both phase pairs into a32. */
+AI void key_chunk8(int32_t (*a32)[4][KB], const int8_t (*w8)[WX], const key_view *V, size_t rowb, int D,
+                   const int *seg, int nseg, int c, int nbytes, int RB) {
+    memset(a32, 0, sizeof(int32_t) * 4 * KB * (size_t)RB);
+    if (nbytes == KB) {
+        pass8(a32, w8, V, rowb, D, seg, nseg, c, nbytes, 0, 1, RB);
+        pass8(a32, w8, V, rowb, D, seg, nseg, c, nbytes, 2, 1, RB);
+    } else {
+        pass8(a32, w8, V, rowb, D, seg, nseg, c, nbytes, 0, 0, RB);
+        pass8(a32, w8, V, rowb, D, seg, nseg, c, nbytes, 2, 0, RB);
+    }
+}
+
+/* The int16 segments of rows [0, nrow) for key_chunk8: seg [0] = 0, then
+ * each row where the running bound (3 wmax over channel rows, 12 wmax over
+ * rank rows) would pass 32767, then nrow; returns their count. */
+static int key_segments(int *seg, const int16_t *wmax, int D, int nrow) {
+    int n = 0, budget = 0;
+    seg[0] = 0;
+    for (int row = 0; row < nrow; row++) {
+        int step = (row >= D ? 12 : 3) * wmax[row];
+        if (budget + step > 32767) seg[++n] = row, budget = 0;
+        budget += step;
+    }
+    seg[++n] = nrow;
+    return n;
 }
 
 /* One chunk of one head with a 16-bit query (pages with n_boost > D / 2):
@@ -319,11 +351,14 @@ void kkv_neon_qk_page(float *s, const float *q, int n_rep, const uint8_t *page, 
             }
             wmax[row] = (int16_t)m;
         }
+        int seg[WX + 1]; /* [nseg + 1] row bounds */
+        int nseg = key_segments(seg, wmax, D, D + nb);
+        const int8_t(*w)[WX] = (const int8_t(*)[WX])w8;
         for (size_t c = 0; c < rowb; c += KB) {
             int nbytes = rowb - c < KB ? (int)(rowb - c) : KB;
-            if (rb == 3) key_chunk8(a32, (const int8_t(*)[WX])w8, wmax, &V, rowb, D, nb, (int)c, nbytes, 3);
-            else if (rb == 2) key_chunk8(a32, (const int8_t(*)[WX])w8, wmax, &V, rowb, D, nb, (int)c, nbytes, 2);
-            else key_chunk8(a32, (const int8_t(*)[WX])w8, wmax, &V, rowb, D, nb, (int)c, nbytes, 1);
+            if (rb == 3) key_chunk8(a32, w, &V, rowb, D, seg, nseg, (int)c, nbytes, 3);
+            else if (rb == 2) key_chunk8(a32, w, &V, rowb, D, seg, nseg, (int)c, nbytes, 2);
+            else key_chunk8(a32, w, &V, rowb, D, seg, nseg, (int)c, nbytes, 1);
             key_scores(sr, G, a32, d, cst, (int)c, nbytes, rb);
         }
     }
