@@ -129,16 +129,10 @@ static void quick_done(const char *table, const char *what) {
     if (quick) printf("  %s %s done (%.1f s of CPU)\n", table, what, (double)clock() / CLOCKS_PER_SEC);
 }
 
-/* Set while the fp16 primitives of a table that promises the scalar
- * kernels' bits (NEON: attn_neon.c) are checked: every value must then be
- * equal to the reference's, not only close. */
-static int want_bits;
-
 static int close_to(float a, float b, double mag, cmp_stats *st) {
     double e = fabs((double)a - (double)b);
     double rel = mag > 0 ? e / mag : e;
     if (rel > st->worst) st->worst = rel;
-    if (want_bits) return memcmp(&a, &b, sizeof a) == 0;
     return e <= TOL_PRIM * mag + 1e-30;
 }
 
@@ -872,16 +866,20 @@ static void test_fallback_exact(const char *name, qk_page_fn qk, pv_page_fn pv, 
     printf("kernel %s: %d non-representable page calls equal to the float kernels\n", name, n_cmp);
 }
 
-/* One machine-independent hash of what the integer page kernels of the
+/* Two machine-independent hashes: of what the integer page kernels of the
  * AVX2 tables (attn_qkbyte_avx2.c, attn_qkwide_avx2.c, attn_int_impl.h) and
- * of the NEON table (attn_int_neon.c) compute: both take the same folds,
- * steps and float operations, and exact integer sums, so an x86 and an ARM
- * machine must both give PAGE_INT_HASH. The pages and inputs come from
- * tu_uniform and exact float operations only (no libm), the same bytes on
- * every machine; shapes cover D 4..256, partial and later chunks, n_boost
- * 0..D on both sides of D / 2 (the 8-bit and the 16-bit query), head counts
- * 1..8, 2- and 4-bit values, and zero probabilities. */
+ * of the NEON table (attn_int_neon.c) compute, and of what their fp16-run
+ * kernels and softmaxes (attn_avx2.c, attn_neon.c) compute. Each pair takes
+ * the same folds, steps, fused multiply-adds and reduction trees, and exact
+ * integer sums, so an x86 and an ARM machine must both give PAGE_INT_HASH
+ * and F16_HASH. The pages and inputs come from tu_uniform and exact float
+ * operations only (no libm), the same bytes on every machine; shapes cover D
+ * 4..256, partial and later chunks, n_boost 0..D on both sides of D / 2 (the
+ * 8-bit and the 16-bit query), head counts 1..8, 2- and 4-bit values, zero
+ * probabilities, runs of 1..260 tokens, and softmax blocks that move the
+ * running maximum and blocks that leave it. */
 #define PAGE_INT_HASH 0x426aaef305eb4beeull
+#define F16_HASH 0x601973f9d6b117f6ull
 static uint64_t fnv_bytes(uint64_t h, const void *p, size_t n) { /* FNV-1a 64 */
     for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
     return h;
@@ -917,8 +915,37 @@ static void test_page_hash(const char *name, const kkv_ops *k) {
         }
         free(x), free(q), free(p), free(out), free(kp), free(vp);
     }
+    uint64_t hf = 0xcbf29ce484222325ull;
+    static const int runs[][3] = {{4, 1, 1}, {12, 3, 2}, {20, 7, 3}, {36, 31, 4}, {64, 128, 3}, {64, 33, 8},
+                                  {128, 100, 5}, {256, 260, 4}, {256, 3, 1}};
+    for (int si = 0; si < NELEM(runs); si++) {
+        int D = runs[si][0], n = runs[si][1], R = runs[si][2];
+        uint16_t *kv = xmalloc((size_t)n * D * 2), *vv = xmalloc((size_t)n * D * 2);
+        float *q = xmalloc((size_t)R * D * 4), *s = xmalloc((size_t)R * n * 4), *acc = xmalloc((size_t)R * D * 4);
+        float ml[16];
+        for (int i = 0; i < n * D; i++) kv[i] = kkv_f16_store(4.0f * tu_uniform(&r)), vv[i] = kkv_f16_store(tu_uniform(&r));
+        for (int i = 0; i < R * D; i++) q[i] = tu_uniform(&r), acc[i] = 0.0f;
+        for (int b = 0; b < 2; b++) { /* a first block, then one whose scores stay below the running max */
+            k->qk_f16(s, q, R, kv, n, D, NULL);
+            hf = fnv_bytes(hf, s, (size_t)R * n * 4);
+            if (b == 0)
+                for (int rr = 0; rr < R; rr++) ml[2 * rr] = -INFINITY, ml[2 * rr + 1] = 0.0f;
+            else
+                for (int rr = 0; rr < R; rr++) ml[2 * rr] += rr % 2 ? 0.0f : 3.0f; /* odd heads: the max holds */
+            k->softmax(s, ml, acc, R, n, D, 0.125f);
+            hf = fnv_bytes(fnv_bytes(hf, s, (size_t)R * n * 4), ml, (size_t)R * 8);
+            k->pv_f16(acc, s, R, vv, n, D, NULL);
+            hf = fnv_bytes(hf, acc, (size_t)R * D * 4);
+            for (int i = 0; i < R * D; i++) q[i] *= 0.5f;
+        }
+        free(kv), free(vv), free(q), free(s), free(acc);
+    }
     printf("kernel %s: integer page kernels' hash %016llx over %ld outputs (pinned: %016llx)\n", name,
            (unsigned long long)h, n_out, (unsigned long long)PAGE_INT_HASH);
+    printf("kernel %s: fp16 kernels' and softmax's hash %016llx (pinned: %016llx)\n", name,
+           (unsigned long long)hf, (unsigned long long)F16_HASH);
+    CHECK(hf == F16_HASH, "%s: the fp16 kernels' or the softmax's outputs are not the pinned ones (x86 AVX2 and "
+          "aarch64 NEON must agree bit for bit)", name);
     CHECK(h == PAGE_INT_HASH, "%s: the integer page kernels' outputs are not the pinned ones (x86 AVX2 and "
           "aarch64 NEON must agree bit for bit)", name);
 }
@@ -1465,14 +1492,11 @@ int main(int argc, char **argv) {
         if (quick && kinds[i] == KKV_KERNEL_SCALAR) continue; /* the reference itself */
         tu_rng r = tu_rng_make(1000 + (uint64_t)i);
         cmp_stats st = {0};
-        want_bits = kinds[i] == KKV_KERNEL_NEON; /* the reference's bits: attn_neon.c's fp16 runs */
         const char *nm = kkv_kernel_name(tables[i]->kind);
         test_qk_f16(tables[i], &r, &st);
         quick_done(nm, "qk_f16");
         test_pv_f16(tables[i], &r, &st);
         quick_done(nm, "pv_f16");
-        if (want_bits) printf("kernel %s: qk_f16, pv_f16 give the scalar kernels' bits\n", nm);
-        want_bits = 0;
         int is_int = kinds[i] == KKV_KERNEL_AVX2 || kinds[i] == KKV_KERNEL_AVX512 || kinds[i] == KKV_KERNEL_NEON;
 #if defined(__x86_64__)
         int qk_bound = tables[i]->qk_page == kkv_vbmi512_qk_wide ? 2

@@ -41,9 +41,8 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/neon_lanes.h"
 #include "quant/quant.h"
-
-#define AI static inline __attribute__((always_inline))
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "attn_int_neon.c reads the pages' little-endian fp16 scales as native halves"
@@ -54,46 +53,6 @@
 #define RBV 4     /* value heads a pass (the AVX2 kernels' RBI) */
 #define VBLK 128  /* value tokens per weight step, as the AVX2 kernels */
 #define WX (KKV_MAX_HEAD_DIM + KKV_MAX_HEAD_DIM + 2) /* x of the D channels, then the nb ranks */
-
-/* ------------------------------------------------------------ shared pieces */
-
-/* The AVX2 maxps on one lane: a > b ? a : b (b when equal or unordered). */
-AI float max_x86(float a, float b) { return a > b ? a : b; }
-AI float32x4_t vmax_x86(float32x4_t a, float32x4_t b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
-
-/* An 8-lane AVX2 vector as two quads: lanes 0-3 and 4-7. */
-typedef struct f8 {
-    float32x4_t lo, hi;
-} f8;
-
-/* avx2_util.h's hsum: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). */
-AI float hsum8(f8 a) {
-    float32x4_t x = vaddq_f32(a.lo, a.hi);
-    return (vgetq_lane_f32(x, 0) + vgetq_lane_f32(x, 2)) + (vgetq_lane_f32(x, 1) + vgetq_lane_f32(x, 3));
-}
-
-/* avx2_util.h's hmax, in its order and with maxps' operand rule. */
-AI float hmax8(f8 a) {
-    float32x4_t x = vmax_x86(a.lo, a.hi);
-    float m0 = max_x86(vgetq_lane_f32(x, 0), vgetq_lane_f32(x, 2));
-    float m1 = max_x86(vgetq_lane_f32(x, 1), vgetq_lane_f32(x, 3));
-    return max_x86(m0, m1);
-}
-
-/* n (4 or 8) floats at p, zero-filled to 8 lanes (avx2_util.h's load_n). */
-AI f8 load8(const float *p, int n) {
-    f8 v = {vld1q_f32(p), n == 8 ? vld1q_f32(p + 4) : vdupq_n_f32(0.0f)};
-    return v;
-}
-
-/* n (a multiple of 4) fp16 at p (any alignment) to fp32, exact. */
-AI void f16_row(float *dst, const uint8_t *p, int n) {
-    for (int i = 0; i < n; i += 4) {
-        uint16_t h[4];
-        memcpy(h, p + 2 * (size_t)i, sizeof h);
-        vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h))));
-    }
-}
 
 /* KB row bytes from p (n of them, 1..KB), zero-extended. */
 AI uint8x16_t row16(const uint8_t *p, int n) {
