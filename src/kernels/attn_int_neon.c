@@ -37,7 +37,6 @@
  * belong where they can be measured. */
 #include <arm_neon.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
@@ -52,7 +51,7 @@
 #define RBK 3     /* key heads a pass: 3 x 2 phases x 2 int16 halves = 12 accumulators */
 #define RBV 4     /* value heads a pass (the AVX2 kernels' RBI) */
 #define VBLK 128  /* value tokens per weight step, as the AVX2 kernels */
-#define WX (KKV_MAX_HEAD_DIM + KKV_MAX_HEAD_DIM + 2) /* x of the D channels, then the nb ranks */
+#define WX (2 * KKV_MAX_HEAD_DIM + 8) /* x of the D channels, the nb ranks, zeros to a multiple of 8 */
 
 /* KB row bytes from p (n of them, 1..KB), zero-extended. */
 AI uint8x16_t row16(const uint8_t *p, int n) {
@@ -94,7 +93,8 @@ static void key_view_of(key_view *V, const uint8_t *page, int D, int G, int nb) 
 
 /* One head's integer query (qkfold_avx2.h's fold_query for one head, lane
  * for lane): x[j] = rint(f_j / d) for the D channels, then the x of each
- * rank's channel at D + k and a 0 at D + nb; *d the step, *cst the constant.
+ * rank's channel at D + k, zeros from D + nb to a multiple of 8; *d the
+ * step, *cst the constant.
  * Returns 0 when some f is not finite or the step would not be normal. */
 static int fold_head(int16_t *x, float *d, float *cst, const float *q, const key_view *V, int D, int nb,
                      float qmax) {
@@ -118,21 +118,29 @@ static int fold_head(int16_t *x, float *d, float *cst, const float *q, const key
     for (int j = 0; j < D; j += 8) {
         int n = D - j < 8 ? 4 : 8;
         f8 qv = load8(q + j, n), sv = load8(V->scale + j, n), nv = load8(V->mn + j, n);
-        float hf[8] = {0};
-        for (int l = 0; l < n; l++) hf[l] = V->idx[j + l] < nb ? 7.5f : 1.5f; /* maxq / 2 */
+        /* maxq / 2 per channel: 7.5 where idx < nb (boosted), else 1.5; 0 past D */
+        uint8_t ib[8] = {0};
+        memcpy(ib, V->idx + j, (size_t)n);
+        uint8x8_t bst = nb > 255 ? vdup_n_u8(0xFF) : vclt_u8(vld1_u8(ib), vdup_n_u8((uint8_t)nb));
+        int16x8_t b16 = vmovl_s8(vreinterpret_s8_u8(bst)); /* 0 or -1 per lane */
+        float32x4_t half[2];
+        for (int h = 0; h < 2; h++) {
+            uint32x4_t bm = vreinterpretq_u32_s32(vmovl_s16(h ? vget_high_s16(b16) : vget_low_s16(b16)));
+            half[h] = 4 * h < n ? vbslq_f32(bm, vdupq_n_f32(7.5f), vdupq_n_f32(1.5f)) : vdupq_n_f32(0.0f);
+        }
         float32x4_t qq[2] = {qv.lo, qv.hi}, ss[2] = {sv.lo, sv.hi}, nn[2] = {nv.lo, nv.hi};
         float32x4_t *cc[2] = {&c.lo, &c.hi}, *rr[2] = {&corr.lo, &corr.hi};
         for (int h = 0; h < 2; h++) {
             float32x4_t fv = vmulq_f32(qq[h], ss[h]);
             int32x4_t xi = vcvtnq_s32_f32(vmulq_f32(fv, vinv)); /* |x| <= qmax, ties to even */
             *cc[h] = vfmaq_f32(*cc[h], qq[h], nn[h]);
-            *rr[h] = vfmaq_f32(*rr[h], vfmsq_f32(fv, vd, vcvtq_f32_s32(xi)), vld1q_f32(hf + 4 * h));
+            *rr[h] = vfmaq_f32(*rr[h], vfmsq_f32(fv, vd, vcvtq_f32_s32(xi)), half[h]);
             if (4 * h < n) vst1_s16(x + j + 4 * h, vmovn_s32(xi));
         }
     }
     *cst = hsum8(c) + hsum8(corr);
     for (int k = 0; k < nb; k++) x[D + k] = V->rch[k] < 0 ? 0 : x[V->rch[k]];
-    x[D + nb] = 0;
+    for (int k = D + nb; k < ((D + nb + 8) & ~7); k++) x[k] = 0; /* whole groups of 8 for the weight pass */
     return 1;
 }
 
@@ -283,7 +291,7 @@ void kkv_neon_qk_page(float *s, const float *q, int n_rep, const uint8_t *page, 
     float qmax = wide ? (float)wide_qmax(D, nb) : 127.0f;
     for (int r0 = 0; r0 < n_rep; r0 += RBK) {
         int rb = n_rep - r0 < RBK ? n_rep - r0 : RBK;
-        int16_t x[RBK][WX]; /* [head][D channels, nb ranks, a 0] */
+        int16_t x[RBK][WX]; /* [head][D channels, nb ranks, zeros to a multiple of 8] */
         float d[RBK], cst[RBK];
         for (int r = 0; r < rb; r++)
             if (!fold_head(x[r], &d[r], &cst[r], q + (size_t)(r0 + r) * D, &V, D, nb, qmax)) {
@@ -302,13 +310,14 @@ void kkv_neon_qk_page(float *s, const float *q, int n_rep, const uint8_t *page, 
         }
         int8_t w8[RBK][WX]; /* [head][row] */
         int16_t wmax[WX];   /* [row] the largest |x| of the rb heads */
-        for (int row = 0; row < D + nb; row++) {
-            int m = 0;
+        for (int row = 0; row < D + nb; row += 8) { /* x is zero-padded to a multiple of 8 */
+            int16x8_t m = vdupq_n_s16(0);
             for (int r = 0; r < rb; r++) {
-                w8[r][row] = (int8_t)x[r][row];
-                m = abs(x[r][row]) > m ? abs(x[r][row]) : m;
+                int16x8_t v = vld1q_s16(x[r] + row);
+                m = vmaxq_s16(m, vabsq_s16(v));
+                vst1_s8(w8[r] + row, vmovn_s16(v)); /* |x| <= 127 */
             }
-            wmax[row] = (int16_t)m;
+            vst1q_s16(wmax + row, m);
         }
         int seg[WX + 1]; /* [nseg + 1] row bounds */
         int nseg = key_segments(seg, wmax, D, D + nb);
