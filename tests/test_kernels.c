@@ -1,7 +1,8 @@
 /* Every kernel table this CPU runs (scalar always, AVX2 / AVX-512 / their
- * VNNI page kernels when
- * present) against the scalar reference, primitive by primitive, then
- * end to end through kkv_attend().
+ * VNNI page kernels when present, NEON on aarch64) against the scalar
+ * reference, primitive by primitive, then end to end through kkv_attend();
+ * and the AVX2 and NEON tables against one pinned hash of their outputs,
+ * which both architectures must give (test_page_hash).
  *
  * Tolerances. The SIMD fp16 primitives and the softmax fold scales, use FMA
  * and reorder sums, so they differ from the scalar ones by rounding only.
@@ -9,7 +10,8 @@
  * (computed in double): |simd - scalar| <= 1e-5 * M (fp32 sums of <= 256
  * terms stay within a few 2^-24 * M in practice).
  *
- * The SIMD page primitives work in the integer domain (attn_int_avx2.c), so
+ * The SIMD page primitives work in the integer domain (attn_int_impl.h,
+ * attn_qkbyte_avx2.c, attn_qkwide_avx2.c, attn_int_neon.c), so
  * their error is set by a quantization step, derived here from the inputs:
  *   qk_page: the folded query f_j = q_j * scale_j is rounded to int8 with
  *     step d_g = max_{j in g} |f_j| / 127 per channel group g (groups by key
@@ -1595,7 +1597,7 @@ int main(int argc, char **argv) {
     double worst_ref = 0, worst_k = 0;
     kkv_kernel fast = cpu->avx2 ? KKV_KERNEL_AVX2 : cpu->neon ? KKV_KERNEL_NEON : KKV_KERNEL_SCALAR;
     test_end_to_end(fast, &worst_ref, &worst_k);
-    printf("end to end: worst error vs double reference %.3g (tol %g), %s vs scalar %.3g (tol %g, %g on AVX2 quantized pages)\n",
+    printf("end to end: worst error vs double reference %.3g (tol %g), %s vs scalar %.3g (tol %g, %g on AVX2 and NEON quantized pages)\n",
            worst_ref, TOL_REF, kkv_kernel_name(fast), worst_k, TOL_PRIM, TOL_E2E_INT);
     return tu_summary();
 }
