@@ -144,8 +144,8 @@ static int fold_head(int16_t *x, float *d, float *cst, const float *q, const key
     return 1;
 }
 
-/* Scores of RB heads for one chunk (row bytes c .. c + nb_ - 1, tokens
- * 4c .. 4(c + nb_) - 1) from their int32 sums a32 [head][phase][byte]:
+/* Scores of RB heads for one chunk (row bytes c .. c + nbytes - 1, tokens
+ * 4c .. 4(c + nbytes) - 1) from their int32 sums a32 [head][phase][byte]:
  * token 4 (c + i) + k is byte i of phase k, interleaved back by vst4q. */
 AI void key_scores(float *s, int G, int32_t (*a32)[4][KB], const float *d, const float *cst, int c, int nbytes,
                    int RB) {
