@@ -140,8 +140,8 @@ int main(void) {
         /* after the KKV_CPU cap; the NEON table computes the AVX2 table's
          * outputs (src/kernels/attn_neon.c, attn_int_neon.c), so on aarch64
          * it is held to the same hashes */
-        int has_avx2 = kkv_cpu_get()->avx2 || kkv_cpu_get()->neon;
-        if (has_avx2) run_case(g, kkv_cpu_get()->avx2 ? KKV_KERNEL_AVX2 : KKV_KERNEL_NEON, 2, a2);
+        int has_avx2_bytes = kkv_cpu_get()->avx2 || kkv_cpu_get()->neon;
+        if (has_avx2_bytes) run_case(g, kkv_cpu_get()->avx2 ? KKV_KERNEL_AVX2 : KKV_KERNEL_NEON, 2, a2);
         if (print) {
             printf("    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d,\n     0x%016llxull, 0x%016llxull, "
                    "0x%016llxull, 0x%016llxull},\n", g->name, g->sink, g->group, g->window, g->D,
@@ -150,7 +150,7 @@ int main(void) {
                    (unsigned long long)a2[0]);
             continue;
         }
-        if (has_avx2)
+        if (has_avx2_bytes)
             CHECK(a2[0] == g->out_avx2 && a2[1] == ref[1], "case %d (%s): AVX2 (or NEON) outputs %016llx "
                   "differ from the previous layout's", i, g->name, (unsigned long long)a2[0]);
         CHECK(ref[0] == g->out_hash && ref[1] == g->page_hash && ref[2] == g->read_hash,
@@ -173,7 +173,7 @@ int main(void) {
         kkv_method m;
         int wide_keys = kkv_method_parse(&m, g->name) == KKV_OK && !m.fp16 && m.key_bits != 8 &&
                         (m.alpha > 0.5f || m.budget != KKV_BUDGET_NONE) && kkv_cpu_get()->vbmi;
-        if (has_avx2 && !wide_keys)
+        if (has_avx2_bytes && !wide_keys)
             CHECK(h1[0] == a2[0], "case %d (%s): best-kernel outputs differ from AVX2's", i, g->name);
     }
     return print ? 0 : tu_summary();

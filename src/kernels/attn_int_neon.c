@@ -7,7 +7,7 @@
  * attn_int_impl.h); see those headers for the derivation:
  *  - keys: per page and head, f_j = q_j scale_j rounded on one step
  *    d = max_j |f_j| / QMAX (QMAX 127 where n_boost <= D / 2, else the 16-bit
- *    kernel's kkv_avx2_qk_wide_qmax), the constant sum_j q_j mn_j plus the
+ *    kernel's kkv_qk_wide_qmax of int_fold.h), the constant sum_j q_j mn_j plus the
  *    centring term kept in float; s_t = fma(I_t, d, cst), I_t the exact
  *    integer sum of x_j times the token's codes;
  *  - values: per block of 128 tokens and head, w_t = p_t scale_t rounded to
@@ -39,6 +39,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/int_fold.h"
 #include "kernels/kernels.h"
 #include "kernels/neon_lanes.h"
 #include "quant/quant.h"
@@ -63,14 +64,6 @@ AI uint8x16_t row16(const uint8_t *p, int n) {
 
 /* ------------------------------------------------------------------ keys */
 
-/* The AVX2 16-bit key kernel's query range (attn_qkwide_avx2.c): the
- * largest step count that keeps |sum| <= QMAX * 64 * (3 D + 12 nb) within
- * int32. The same function of (D, nb), so the same step. */
-static int wide_qmax(int D, int nb) {
-    long long lim = 2147483647LL / (64LL * (3LL * D + 12LL * nb));
-    return lim < 32767 ? (int)lim : 32767;
-}
-
 /* What a key page gives every head: scales and zero points as fp32, where
  * its planes lie, and the channel of each high-plane rank (the lowest
  * channel that claims it; -1 for none, whose weight is 0). */
@@ -85,10 +78,7 @@ static void key_view_of(key_view *V, const uint8_t *page, int D, int G, int nb) 
     f16_row(V->scale, page + L.scale, D);
     f16_row(V->mn, page + L.mn, D);
     V->idx = page + L.idx, V->lo = page + L.lo, V->hi = page + L.hi;
-    int16_t tmp[KKV_MAX_HEAD_DIM + 1]; /* [nb + 1]: the last takes the channels with no rank */
-    for (int k = 0; k < nb; k++) tmp[k] = -1;
-    for (int j = D - 1; j >= 0; j--) tmp[V->idx[j] < nb ? V->idx[j] : nb] = (int16_t)j;
-    memcpy(V->rch, tmp, (size_t)nb * sizeof *V->rch);
+    kkv_rank_owners(V->rch, V->idx, D, nb);
 }
 
 /* One head's integer query (qkfold_avx2.h's fold_query for one head, lane
@@ -111,7 +101,7 @@ static int fold_head(int16_t *x, float *d, float *cst, const float *q, const key
     }
     if (vmaxvq_u32(bad)) return 0;
     float M = hmax8(mx);
-    if (M > 0.0f && M < 1e-30f) return 0; /* the float kernel takes the page */
+    if (kkv_fold_too_small(M)) return 0; /* the float kernel takes the page */
     *d = M / qmax;
     float32x4_t vinv = vdupq_n_f32(M > 0.0f ? qmax / M : 0.0f), vd = vdupq_n_f32(*d);
     f8 c = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}, corr = c;
@@ -288,7 +278,7 @@ void kkv_neon_qk_page(float *s, const float *q, int n_rep, const uint8_t *page, 
     key_view_of(&V, page, D, G, nb);
     size_t rowb = (size_t)G / 4;
     int wide = 2 * nb > D; /* mostly 4-bit keys: the 16-bit query, as the AVX2 tables */
-    float qmax = wide ? (float)wide_qmax(D, nb) : 127.0f;
+    float qmax = wide ? (float)kkv_qk_wide_qmax(D, nb) : 127.0f;
     for (int r0 = 0; r0 < n_rep; r0 += RBK) {
         int rb = n_rep - r0 < RBK ? n_rep - r0 : RBK;
         int16_t x[RBK][WX]; /* [head][D channels, nb ranks, zeros to a multiple of 8] */

@@ -25,7 +25,6 @@
 #include "kernels/kernels.h"
 #include "kernels/neon_lanes.h"
 #include "core/exp_poly_neon.h"
-#include "core/fp16.h"
 #include "quant/quant.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

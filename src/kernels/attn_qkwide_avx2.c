@@ -6,7 +6,7 @@
  * s_t = sum_j q_j k_tj with k_tj = c_tj * scale_j + mn_j, so
  *   s_t = sum_j f_j c_tj + sum_j q_j mn_j,   f_j = q_j * scale_j.
  * Per page and query head f is rounded to integers x_j on ONE step
- *   d = max_j |f_j| / QMAX,  QMAX = kkv_avx2_qk_wide_qmax(D, nb) (32767 for
+ *   d = max_j |f_j| / QMAX,  QMAX = kkv_qk_wide_qmax(D, nb) (int_fold.h; 32767 for
  * every shape the engines use), and vpmaddwd multiplies channel pairs of
  * codes (as int16) by (x_a, x_b) into exact int32 sums. The VBMI kernel's
  * design (attn_qkwide_vbmi_avx512.c) on the instruction AVX2 has: no channel
@@ -38,10 +38,6 @@
 #define RBW 3 /* query heads per pass (two phases each: 6 accumulators of the 16 ymm) */
 _Static_assert(RBW <= QK_RB_MAX, "fold_query folds at most QK_RB_MAX heads");
 
-int kkv_avx2_qk_wide_qmax(int D, int nb) {
-    long long lim = 2147483647LL / (64LL * (3LL * D + 12LL * nb));
-    return lim < 32767 ? (int)lim : 32767;
-}
 
 
 /* The int16 code words (a_i, b_i) of rows a, b for the 8 row bytes of
@@ -154,7 +150,7 @@ AI void wide_rb(float *s, int G, const int32_t *wv, size_t ldw, const float *d, 
 AI void qk_wide16(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G, int nb) {
     qk_page_view P;
     qk_page_view_of(&P, page, D, G, nb);
-    float qmax = (float)kkv_avx2_qk_wide_qmax(D, nb);
+    float qmax = (float)kkv_qk_wide_qmax(D, nb);
     for (int r0 = 0; r0 < n_rep; r0 += RBW) {
         int rb = n_rep - r0 < RBW ? n_rep - r0 : RBW;
         float d[RBW], cst[RBW];

@@ -56,10 +56,9 @@ void kkv_vbmi512_qk_byte(float *s, const float *q, int n_rep, const uint8_t *pag
                          int nb);
 /* Key scores with a 16-bit query on one step per page and head, vpmaddwd
  * (attn_qkwide_avx2.c; the AVX2 table's key kernel). Its own error bound
- * (d = max |q_j scale_j| / kkv_avx2_qk_wide_qmax(D, nb)). */
+ * (d = max |q_j scale_j| / kkv_qk_wide_qmax(D, nb), kernels/int_fold.h). */
 void kkv_avx2_qk_wide(float *s, const float *q, int n_rep, const uint8_t *page, int D, int G,
                       int nb);
-int  kkv_avx2_qk_wide_qmax(int D, int nb);
 /* Key scores with an 8-bit query on one step per page and head, vpmaddubsw
  * (attn_qkbyte_avx2.c; the AVX2 tables' key kernel). Its error bound:
  * d = max |q_j scale_j| / 127. Pages with n_boost > D / 2 go to

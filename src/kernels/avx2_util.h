@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "core/exp_poly_avx2.h"
+#include "kernels/int_fold.h"
 #include "quant/quant.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -112,11 +113,8 @@ AI void f16_row(float *dst, const uint8_t *src, int n) {
         _mm_storeu_ps(dst + i, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)(src + 2 * i))));
 }
 
-/* 1 when m, the largest |q_j scale_j| of a head (or channel group), is too
- * small for an integer key kernel's fold: QMAX / m (or 127 / m) would be
- * infinite or the step subnormal, so the page goes to the float kernel. 0 is
- * fine (every weight is 0). The one threshold of all the integer key kernels. */
-AI int fold_too_small(float m) { return m > 0.0f && m < 1e-30f; }
+/* int_fold.h's threshold, under the name the AVX2 kernels use. */
+AI int fold_too_small(float m) { return kkv_fold_too_small(m); }
 
 /* A key page's layout, and its per-channel steps and minimums as floats
  * (scale, mn: [D] each), which every key kernel starts from. */

@@ -45,10 +45,7 @@ AI void rank_channels(int16_t *rch, const uint8_t *idx, int D, int nb) {
         }
         return;
     }
-    int16_t tmp[KKV_MAX_HEAD_DIM + 1]; /* [nb + 1]: the last takes channels with no rank */
-    for (int k = 0; k < nb; k++) tmp[k] = -1;
-    for (int j = D - 1; j >= 0; j--) tmp[idx[j] < nb ? idx[j] : nb] = (int16_t)j; /* the lowest wins */
-    memcpy(rch, tmp, (size_t)nb * sizeof *rch);
+    kkv_rank_owners(rch, idx, D, nb);
 }
 
 /* What a key page gives every query head: its scales and zero points as
