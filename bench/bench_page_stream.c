@@ -38,8 +38,9 @@
 
 #include "kittykv_cpu.h"
 
-#define CHUNK 5184 /* bytes of one page pair: 81 lines */
+#define CHUNK 5184 /* bytes of one page pair */
 #define LINE  64
+#define LINES ((CHUNK + LINE - 1) / LINE) /* 81 */
 
 static double now(void) {
     struct timespec ts;
@@ -80,7 +81,7 @@ static size_t chunk_at(const stream *S, size_t i, int order) {
 
 /* ns per line over n chunks; hot: the same chunk every time. */
 static double walk(const stream *S, size_t n, int order, int pf, int hot, uint64_t *sink) {
-    const size_t nl = (CHUNK + LINE - 1) / LINE, per = (nl + 2) / 3;
+    const size_t nl = LINES, per = (nl + 2) / 3;
     uint64_t s = *sink;
     double t0 = now();
     for (size_t i = 0; i < n; i++) {
@@ -151,8 +152,8 @@ int main(int argc, char **argv) {
     size_t cal_n = 20000;
     walk(&S, cal_n, 0, PF_NONE, 1, &sink); /* warm-up */
     double w0 = walk(&S, cal_n, 0, PF_NONE, 1, &sink);
-    const double nl = (double)((CHUNK + LINE - 1) / LINE);
-    S.work = (int)(64 * nl);
+    const double nl = LINES;
+    S.work = 64 * LINES;
     double w64 = walk(&S, cal_n, 0, PF_NONE, 1, &sink);
     double per_step = (w64 - w0) / 64.0; /* ns a line per step a line */
     S.work = per_step > 0 && work_ns > w0 ? (int)((work_ns - w0) / per_step * nl + 0.5) : 0;
@@ -173,6 +174,8 @@ int main(int argc, char **argv) {
             t[row][r] = walk(&S, n, (row - 1) / 3, (row - 1) % 3, 0, &sink);
     }
     if (!json) fprintf(stderr, "\r                \r");
+    volatile uint64_t keep = sink; /* the work has a use */
+    (void)keep;
     double med[N_ROWS];
     for (int row = 0; row < N_ROWS; row++) {
         qsort(t[row], (size_t)rounds, sizeof t[row][0], cmp_d);
@@ -186,7 +189,7 @@ int main(int argc, char **argv) {
             printf("%s{\"order\": \"%s\", \"prefetch\": \"%s\", \"ns_line\": %.3f, \"excess_ns_chunk\": %.1f}",
                    row > 1 ? ", " : "", lay[(row - 1) / 3], pfn[(row - 1) % 3], med[row],
                    (med[row] - med[0]) * nl);
-        printf("], \"sink\": %llu}\n", (unsigned long long)(sink & 1));
+        printf("]}\n");
         free(buf);
         return 0;
     }
@@ -201,7 +204,5 @@ int main(int argc, char **argv) {
     printf("\n(excess: ns a chunk over the hot chunk, what fetching it cost beyond the work; "
            "GB/s: one thread's rate of chunk bytes)\n");
     free(buf);
-    volatile uint64_t keep = sink; /* the work has a use */
-    (void)keep;
     return 0;
 }
