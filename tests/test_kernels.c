@@ -661,30 +661,39 @@ static void test_end_to_end(kkv_kernel fast, double *worst_ref, double *worst_k)
 }
 
 #if defined(__x86_64__)
-/* The AVX-512 softmax (16-lane exponentials, the 8-lane sum chain) gives
- * exactly kkv_avx2_softmax's bytes: block lengths 1..300 (every tail), the
- * first block and a later one, head counts 1..8, D 4..256. */
-static void test_softmax512_exact(tu_rng *r) {
+/* One block through kkv_avx2_softmax and the AVX-512 one, the first block
+ * of a sequence (rep 0) or a later one: the same bytes out, or a failure. */
+static void softmax512_case(tu_rng *r, int n, int R, int rep) {
     const kkv_ops *o = kkv_ops_get(KKV_KERNEL_AVX512);
-    float s0[8 * 300], s1[8 * 300], a0[8 * 256], a1[8 * 256], m0[16], m1[16];
+    static float s0[8 * 300], s1[8 * 300], a0[8 * 256], a1[8 * 256], m0[16], m1[16];
+    int D = Ds[tu_int(r, NELEM(Ds))];
+    for (int i = 0; i < R * n; i++) s0[i] = 8.0f * tu_normal(r);
+    for (int i = 0; i < R * D; i++) a0[i] = tu_normal(r);
+    for (int i = 0; i < R; i++) {
+        m0[2 * i] = rep ? 3.0f * tu_normal(r) : -INFINITY;
+        m0[2 * i + 1] = rep ? fabsf(tu_normal(r)) : 0.0f;
+    }
+    memcpy(s1, s0, sizeof s0), memcpy(a1, a0, sizeof a0), memcpy(m1, m0, sizeof m0);
+    kkv_avx2_softmax(s0, m0, a0, R, n, D, 0.125f);
+    o->softmax(s1, m1, a1, R, n, D, 0.125f);
+    CHECK(memcmp(s0, s1, (size_t)R * n * 4) == 0 && memcmp(a0, a1, (size_t)R * D * 4) == 0 &&
+              memcmp(m0, m1, (size_t)R * 2 * 4) == 0,
+          "avx512 softmax n=%d n_rep=%d D=%d: not bit-identical to avx2", n, R, D);
+}
+
+/* The AVX-512 softmax (16-lane exponentials, the 8-lane sum chain) gives
+ * exactly kkv_avx2_softmax's bytes: block lengths 1..300 (every tail) with
+ * head counts 1..8 at random, D 4..256; then every head count for lengths
+ * that take its heads-side-by-side path (multiples of 16: groups of four
+ * heads and each remainder). */
+static void test_softmax512_exact(tu_rng *r) {
+    static const int n16[] = {16, 128, 256};
     int n_cmp = 0;
     for (int n = 1; n <= 300 && !tu_failed(); n += (n < 40 ? 1 : 13))
-        for (int rep = 0; rep < 2; rep++) {
-            int R = 1 + tu_int(r, 8), D = Ds[tu_int(r, NELEM(Ds))];
-            for (int i = 0; i < R * n; i++) s0[i] = 8.0f * tu_normal(r);
-            for (int i = 0; i < R * D; i++) a0[i] = tu_normal(r);
-            for (int i = 0; i < R; i++) {
-                m0[2 * i] = rep ? 3.0f * tu_normal(r) : -INFINITY;
-                m0[2 * i + 1] = rep ? fabsf(tu_normal(r)) : 0.0f;
-            }
-            memcpy(s1, s0, sizeof s0), memcpy(a1, a0, sizeof a0), memcpy(m1, m0, sizeof m0);
-            kkv_avx2_softmax(s0, m0, a0, R, n, D, 0.125f);
-            o->softmax(s1, m1, a1, R, n, D, 0.125f);
-            CHECK(memcmp(s0, s1, (size_t)R * n * 4) == 0 && memcmp(a0, a1, (size_t)R * D * 4) == 0 &&
-                      memcmp(m0, m1, (size_t)R * 2 * 4) == 0,
-                  "avx512 softmax n=%d n_rep=%d D=%d: not bit-identical to avx2", n, R, D);
-            n_cmp++;
-        }
+        for (int rep = 0; rep < 2; rep++, n_cmp++) softmax512_case(r, n, 1 + tu_int(r, 8), rep);
+    for (int i = 0; i < NELEM(n16) && !tu_failed(); i++)
+        for (int R = 1; R <= 8; R++)
+            for (int rep = 0; rep < 2; rep++, n_cmp++) softmax512_case(r, n16[i], R, rep);
     printf("kernel avx512 softmax: %d blocks bit-identical to avx2\n", n_cmp);
 }
 

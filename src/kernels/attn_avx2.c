@@ -474,6 +474,26 @@ static float exp_scores(float *s, int n, __m256 vinv, float mx) {
     return hsum(_mm256_add_ps(vs0, vs1));
 }
 
+/* The raw maxima of K heads' scores (K a constant where inlined, 1..4),
+ * their chains side by side. One head at a time, each head's exponentials
+ * waited for its own max chain and reduction; with the maxima of up to four
+ * heads found first, the softmax of 3 heads x 128 tokens went from 205 to
+ * 177 ns hot (the AVX2 table on an Intel Xeon, KKV_CPU=avx2). The maximum
+ * is exact in any order, so the bits are the same. */
+AI void raw_max_heads(float *raw, const float *sc, const int K, int n) {
+    __m256 vm[4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < K; r++) vm[r] = _mm256_set1_ps(-INFINITY);
+    int t = 0;
+    for (; t + 8 <= n; t += 8)
+        _Pragma("GCC unroll 4") for (int r = 0; r < K; r++)
+            vm[r] = _mm256_max_ps(vm[r], _mm256_loadu_ps(sc + (size_t)r * n + t));
+    _Pragma("GCC unroll 4") for (int r = 0; r < K; r++) {
+        const float *s = sc + (size_t)r * n;
+        raw[r] = hmax(vm[r]);
+        for (int u = t; u < n; u++) raw[r] = s[u] > raw[r] ? s[u] : raw[r];
+    }
+}
+
 /* The scaling by inv (> 0) is fused into the exponent's argument,
  * x = fmsub(s, inv, m): the first pass only finds the raw maximum, and
  * round(max s * inv) = max round(s * inv) since rounding is monotone, so the
@@ -498,17 +518,21 @@ static float exp_scores(float *s, int n, __m256 vinv, float mx) {
  * differed elsewhere). */
 void kkv_avx2_softmax(float *sc, float *ml, float *acc, int n_rep, int n, int D, float inv) {
     __m256 vinv = _mm256_set1_ps(inv);
-    for (int r = 0; r < n_rep; r++) {
-        float *s = sc + (size_t)r * n, *a = acc + (size_t)r * D;
-        float m_old = ml[2 * r];
-        __m256 vm = _mm256_set1_ps(-INFINITY);
-        int t = 0;
-        for (; t + 8 <= n; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + t));
-        float raw = hmax(vm);
-        for (; t < n; t++) raw = s[t] > raw ? s[t] : raw;
-        float mx = raw * inv;
-        mx = m_old > mx ? m_old : mx;
-        softmax_close(a, ml + 2 * r, D, m_old, mx, exp_scores(s, n, vinv, mx));
+    for (int r0 = 0; r0 < n_rep; r0 += 4) {
+        float raw[4];
+        int k = n_rep - r0 < 4 ? n_rep - r0 : 4;
+        const float *s0 = sc + (size_t)r0 * n;
+        switch (k) {
+        case 4: raw_max_heads(raw, s0, 4, n); break;
+        case 3: raw_max_heads(raw, s0, 3, n); break;
+        case 2: raw_max_heads(raw, s0, 2, n); break;
+        default: raw_max_heads(raw, s0, 1, n); break;
+        }
+        for (int r = r0; r < r0 + k; r++) {
+            float m_old = ml[2 * r], mx = raw[r - r0] * inv;
+            mx = m_old > mx ? m_old : mx;
+            softmax_close(acc + (size_t)r * D, ml + 2 * r, D, m_old, mx, exp_scores(sc + (size_t)r * n, n, vinv, mx));
+        }
     }
 }
 
