@@ -56,6 +56,7 @@
 #if defined(__aarch64__)
 #include "core/exp_poly_neon.h"
 #endif
+#include "core/bigmem.h"
 #include "core/cpu.h"
 #include "core/fp16.h"
 #include "quant/quant.h"
@@ -1098,13 +1099,98 @@ static int bench_plan(void) {
 }
 #endif
 
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One page pair as kkv_attend runs it (keys, softmax from a reset state,
+ * values), the pair at nx prefetched in three bursts between the kernels
+ * when nx is not NULL. */
+static void pair_step(const kkv_ops *ops, float *s, float *ml, float *acc, const float *q, const uint8_t *pg,
+                      const uint8_t *nx, size_t kb, size_t vb, int nb) {
+    enum { D = 64, G = 128, R = 3 };
+    size_t nl = (kb + vb + 63) / 64, per = (nl + 2) / 3, i = 0;
+#define PF_BURST                                                                      \
+    for (size_t e = i + per < nl ? i + per : nl; nx && i < e; i++) __builtin_prefetch(nx + 64 * i, 0, 1)
+    PF_BURST;
+    ops->qk_page(s, q, R, pg, D, G, nb);
+    PF_BURST;
+    for (int h = 0; h < R; h++) ml[2 * h] = -INFINITY, ml[2 * h + 1] = 0.0f;
+    ops->softmax(s, ml, acc, R, G, D, 0.125f);
+    PF_BURST;
+    ops->pv_page(acc, s, R, pg + kb, D, G, 2);
+#undef PF_BURST
+}
+
+/* The same kernels walking a pool laid out as the engine's: one slot per
+ * (page, layer), slots of one layer LAYERS apart, each slot the H heads'
+ * pairs side by side (a 32K context of SmolLM2 shapes: 256 pages a head,
+ * 30 layers, 3 heads, 119 MB on huge pages). Orders: the engine's (a head's
+ * pages in turn, 466 KB apart), the heads of a slot in turn, and address
+ * order; each with the burst prefetch and without. bench_page_stream
+ * (bench/) models the same question with a calibrated scalar consumer,
+ * which found address order much cheaper to feed; these rows answer it with
+ * the real kernels. Wall ns per pair, medians of 5 interleaved rounds. */
+static void bench_walks(const kkv_ops *ops, const uint8_t *pair, size_t kb, size_t vb, const float *q, int nb) {
+    enum { D = 64, G = 128, R = 3, H = 3, LAYERS = 30, P = 256, ROUNDS = 5, N_WALKS = 7 };
+    size_t pb = kb + vb, slot = H * pb, bytes = (size_t)P * LAYERS * slot, n = (size_t)P * LAYERS * H;
+    uint8_t *pool = kkv_big_alloc(bytes);                   /* [P][LAYERS] slots of [H] pairs */
+    const uint8_t **ord = xmalloc(3 * n * sizeof *ord);     /* [3 orders][n] pair addresses */
+    static float s[R * G], ml[R * 2], acc[R * D];
+    if (!pool) {
+        printf("walks: no memory for a %zu MB pool\n", bytes >> 20);
+        free(ord);
+        return;
+    }
+    for (size_t o = 0; o < bytes; o += pb) memcpy(pool + o, pair, pb);
+    size_t k = 0;
+    for (int l = 0; l < LAYERS; l++) /* the engine: per layer, per head, its pages */
+        for (int h = 0; h < H; h++)
+            for (int p = 0; p < P; p++) ord[k++] = pool + ((size_t)p * LAYERS + (size_t)l) * slot + (size_t)h * pb;
+    for (int l = 0; l < LAYERS; l++) /* per layer, per page, the heads of its slot */
+        for (int p = 0; p < P; p++)
+            for (int h = 0; h < H; h++) ord[k++] = pool + ((size_t)p * LAYERS + (size_t)l) * slot + (size_t)h * pb;
+    for (size_t i = 0; i < n; i++) ord[k++] = pool + i * pb; /* address order */
+    static const char *nm[N_WALKS] = {"hot (one pair)", "engine order", "heads of a slot", "address order",
+                                      "engine, no prefetch", "slot heads, no pf", "address, no pf"};
+    double t[N_WALKS][ROUNDS];
+    for (int rd = 0; rd < ROUNDS; rd++)
+        for (int w = 0; w < N_WALKS; w++) {
+            const uint8_t **o = w == 0 ? NULL : ord + (size_t)((w - 1) % 3) * n;
+            int pf = w < 4;
+            size_t m = w == 0 ? n / 8 : n;
+            double t0 = wall_now();
+            for (size_t i = 0; i < m; i++) {
+                const uint8_t *pg = o ? o[i] : pool, *nx = o ? o[i + 1 < m ? i + 1 : i] : pool;
+                pair_step(ops, s, ml, acc, q, pg, pf ? nx : NULL, kb, vb, nb);
+            }
+            t[w][rd] = 1e9 * (wall_now() - t0) / (double)m;
+        }
+    printf("walks over a %zu MB pool of the engine's layout (%d pages a head, %d layers, %d heads):\n", bytes >> 20,
+           P, LAYERS, H);
+    for (int w = 0; w < N_WALKS; w++) {
+        double *v = t[w];
+        for (int a = 0; a < ROUNDS; a++)
+            for (int b = a + 1; b < ROUNDS; b++)
+                if (v[b] < v[a]) {
+                    double z = v[a];
+                    v[a] = v[b], v[b] = z;
+                }
+        printf("  %-20s %7.1f ns/pair (range %.1f-%.1f)\n", nm[w], v[ROUNDS / 2], v[0], v[ROUNDS - 1]);
+    }
+    kkv_big_free(pool, bytes);
+    free(ord);
+}
+
 /* test_kernels --bench-pages [NB]: CPU ns of the best table's page kernels
  * on the engines' decode shape (D 64, G 128, 3 query heads, NB boosted
  * channels, default 8 = kitty; 16 = kitty-pro): qk_page, softmax and pv_page
  * (2-bit values) hot on one page, then a page pair (keys, softmax, values)
  * in place over NP pairs 32 KB apart, visited in a scrambled order with the
  * next pair prefetched as kkv_attend does (three bursts, attend.c says
- * why). Ratios within one run; not a test. */
+ * why); then bench_walks. Ratios within one run; not a test. */
 static int bench_pages(int nb) {
     enum { D = 64, G = 128, R = 3, NP = 8192, ITERS = 200000 };
     const kkv_ops *ops = kkv_ops_get(KKV_KERNEL_AUTO);
@@ -1167,6 +1253,11 @@ static int bench_pages(int nb) {
         printf("round %d in place %-8s %7.1f cpu ns/page pair (%.2f GB/s of pages)\n", round, nm[3], ns,
                (double)(kb + vb) / ns);
     }
+    uint8_t *pair = xmalloc(kb + vb); /* the first slot's pages, side by side as in the engine's slots */
+    memcpy(pair, pool, kb);
+    memcpy(pair + kb, pool + 16384, vb);
+    bench_walks(ops, pair, kb, vb, q, nb);
+    free(pair);
     free(pool);
     return 0;
 }
