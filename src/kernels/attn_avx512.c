@@ -40,8 +40,9 @@ AI __m512 exp_neg16(__m512 x) {
  * in the one-head loop below, in the same order, so the bits are the same;
  * what changes is that the heads' chains overlap. One head at a time, each
  * head's exponentials waited for its max pass and reduction (~60 cycles of
- * latency) and its sum chain: 3 heads x 128 tokens took 120 ns hot on an
- * Intel Xeon (Sapphire Rapids class), 84 side by side. */
+ * latency) and its sum chain: 3 heads x 128 tokens took 120 ns hot on the
+ * Intel Xeon guest of docs/RESULTS.md (family 6 model 167; a harness without
+ * the state reset), 84 side by side. */
 AI void softmax_heads(float *sc, float *ml, float *acc, const int K, int n, int D, float inv) {
     __m512 vinv = _mm512_set1_ps(inv), vm[4], vs[4], vmx[4];
     float mx[4];
