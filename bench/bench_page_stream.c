@@ -27,7 +27,7 @@
  * whether a layout change would pay before anyone writes one. Public headers
  * only, like every benchmark. Its scalar consumer overstates how much the
  * order matters: the real kernels walking a pool of the engine's layout
- * (test_kernels --bench-pages) put the three orders within 4% of each other
+ * (test_kernels --bench-pages) put the three orders within 2-4% of each other
  * with the burst prefetch (docs/RESULTS.md, twenty-sixth session). */
 #define _DEFAULT_SOURCE /* madvise */
 #include <stdint.h>

@@ -1105,22 +1105,22 @@ static double wall_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* One page pair as kkv_attend runs it (keys, softmax from a reset state,
- * values), the pair at nx prefetched in three bursts between the kernels
- * when nx is not NULL. */
+/* One page pair as kkv_attend runs it (keys, softmax, values; the value
+ * page vo bytes after the key page), the pair at nx (laid out the same)
+ * prefetched in three bursts between the kernels when nx is not NULL. */
 static void pair_step(const kkv_ops *ops, float *s, float *ml, float *acc, const float *q, const uint8_t *pg,
-                      const uint8_t *nx, size_t kb, size_t vb, int nb) {
+                      const uint8_t *nx, size_t kb, size_t vb, size_t vo, int nb) {
     enum { D = 64, G = 128, R = 3 };
-    size_t nl = (kb + vb + 63) / 64, per = (nl + 2) / 3, i = 0;
+    size_t kl = (kb + 63) / 64, nl = kl + (vb + 63) / 64, per = (nl + 2) / 3, i = 0;
 #define PF_BURST                                                                      \
-    for (size_t e = i + per < nl ? i + per : nl; nx && i < e; i++) __builtin_prefetch(nx + 64 * i, 0, 1)
+    for (size_t e = i + per < nl ? i + per : nl; nx && i < e; i++)                    \
+    __builtin_prefetch(i < kl ? nx + 64 * i : nx + vo + 64 * (i - kl), 0, 1)
     PF_BURST;
     ops->qk_page(s, q, R, pg, D, G, nb);
     PF_BURST;
-    for (int h = 0; h < R; h++) ml[2 * h] = -INFINITY, ml[2 * h + 1] = 0.0f;
     ops->softmax(s, ml, acc, R, G, D, 0.125f);
     PF_BURST;
-    ops->pv_page(acc, s, R, pg + kb, D, G, 2);
+    ops->pv_page(acc, s, R, pg + vo, D, G, 2);
 #undef PF_BURST
 }
 
@@ -1161,10 +1161,12 @@ static void bench_walks(const kkv_ops *ops, const uint8_t *pair, size_t kb, size
             const uint8_t **o = w == 0 ? NULL : ord + (size_t)((w - 1) % 3) * n;
             int pf = w < 4;
             size_t m = w == 0 ? n / 8 : n;
+            for (int h = 0; h < R; h++) ml[2 * h] = -INFINITY, ml[2 * h + 1] = 0.0f;
+            memset(acc, 0, sizeof acc);
             double t0 = wall_now();
             for (size_t i = 0; i < m; i++) {
                 const uint8_t *pg = o ? o[i] : pool, *nx = o ? o[i + 1 < m ? i + 1 : i] : pool;
-                pair_step(ops, s, ml, acc, q, pg, pf ? nx : NULL, kb, vb, nb);
+                pair_step(ops, s, ml, acc, q, pg, pf ? nx : NULL, kb, vb, kb, nb);
             }
             t[w][rd] = 1e9 * (wall_now() - t0) / (double)m;
         }
@@ -1236,18 +1238,7 @@ static int bench_pages(int nb) {
         clock_t c0 = clock();
         for (int it = 0; it < ITERS; it++) {
             size_t p = ((unsigned)it * 2654435761u) % NP, nx = ((unsigned)(it + 1) * 2654435761u) % NP;
-            const uint8_t *pg = pool + p * stride, *npg = pool + nx * stride;
-            size_t kl = (kb + 63) / 64, nl = kl + (vb + 63) / 64, per = (nl + 2) / 3, i = 0;
-#define PF_BURST                                                                                  \
-    for (size_t e = i + per < nl ? i + per : nl; i < e; i++)                                      \
-    __builtin_prefetch(i < kl ? npg + 64 * i : npg + 16384 + 64 * (i - kl), 0, 1)
-            PF_BURST;
-            ops->qk_page(s, q, R, pg, D, G, nb);
-            PF_BURST;
-            ops->softmax(s, ml, acc, R, G, D, 0.125f);
-            PF_BURST;
-            ops->pv_page(acc, s, R, pg + 16384, D, G, 2);
-#undef PF_BURST
+            pair_step(ops, s, ml, acc, q, pool + p * stride, pool + nx * stride, kb, vb, 16384, nb);
         }
         double ns = 1e9 * (double)(clock() - c0) / CLOCKS_PER_SEC / ITERS;
         printf("round %d in place %-8s %7.1f cpu ns/page pair (%.2f GB/s of pages)\n", round, nm[3], ns,
